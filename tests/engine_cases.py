@@ -1,0 +1,79 @@
+"""Training runs shared by the engine tests: the engine on one rank of a world, and the plain
+single-process reference it must match (torch.optim.Adam + clip_grad_norm_ on the global batch)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from zerobench.comms import Comms
+from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
+from zerobench.data import SyntheticTokens
+from zerobench.model import GPT
+from zerobench.parallel import topology
+from zerobench.run import TrialSpec, build_engine, train_steps
+
+SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
+
+
+def spec_for(model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, **parallel) -> TrialSpec:
+    parallel.setdefault("bucket_bytes", SMALL_BUCKET)
+    return TrialSpec(
+        model=preset(model),
+        parallel=ParallelConfig(**parallel),
+        precision=PrecisionConfig(mode=precision),
+        train=TrainConfig(steps=steps, warmup=0, micro_batch=micro_batch, grad_accum=grad_accum),
+    )
+
+
+def engine_run(rank: int, spec: TrialSpec) -> dict:
+    """Train `spec` on this rank; return what the tests compare."""
+    ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
+    comms = Comms()
+    engine = build_engine(spec, ctx, comms, torch.device("cpu"))
+    state_before = engine.model_state_bytes()
+    losses = train_steps(engine, spec, ctx, spec.train.steps)
+    layout = engine.layout
+    return {
+        "params": engine.full_parameters(),
+        "losses": losses,
+        "volume": {k: v["volume_elements"] for k, v in comms.ledger.as_dict().items()},
+        "calls": {k: v["calls"] for k, v in comms.ledger.as_dict().items()},
+        "state_bytes": engine.model_state_bytes(),
+        "state_bytes_before": state_before,
+        "numel": layout.numel,
+        "padded": layout.padded_numel,
+        "shard": layout.shard_numel,
+        "buckets": len(layout.buckets),
+    }
+
+
+def reference_run(spec: TrialSpec) -> dict:
+    """The same training in one process, plain PyTorch, fp32, whole global batch per step."""
+    t = spec.train
+    model = GPT(spec.model, checkpoint_activations=False)
+    model.init_weights(t.seed)
+    opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
+    data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
+    losses = []
+    for step in range(t.steps):
+        tokens = data.global_batch(step, spec.global_batch)
+        opt.zero_grad()
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+        opt.step()
+        losses.append(loss.item())
+    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "losses": losses}
+
+
+def rel_err(a: dict, b: dict) -> float:
+    """‖a − b‖ / ‖b‖ over all parameters together."""
+    va = torch.cat([a[k].reshape(-1).float() for k in sorted(b)])
+    vb = torch.cat([b[k].reshape(-1).float() for k in sorted(b)])
+    return float((va - vb).norm() / vb.norm())
+
+
+def clone(spec: TrialSpec, **changes) -> TrialSpec:
+    return copy.replace(spec, **changes) if hasattr(copy, "replace") else TrialSpec(**{**spec.__dict__, **changes})

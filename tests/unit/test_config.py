@@ -1,0 +1,80 @@
+import pytest
+
+from zerobench.cli import main
+from zerobench.config import (
+    NOMINAL_BILLIONS,
+    PRESETS,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    TrainConfig,
+    preset,
+)
+
+
+@pytest.mark.parametrize("name", sorted(NOMINAL_BILLIONS))
+def test_paper_presets_match_their_nominal_size(name):
+    cfg = PRESETS[name]
+    err = abs(cfg.num_params / 1e9 - NOMINAL_BILLIONS[name]) / NOMINAL_BILLIONS[name]
+    if err > 0.05:  # only where the paper's own arithmetic is off, and then the preset says so
+        assert cfg.note, f"{name}: {cfg.num_params / 1e9:.2f}B vs nominal {NOMINAL_BILLIONS[name]}B without a note"
+    else:
+        assert err <= 0.05
+
+
+def test_num_params_counts_the_built_model():
+    import torch
+
+    from zerobench.model import GPT
+
+    for name in ("tiny", "awkward", "cpu-10m"):
+        with torch.device("meta"):
+            model = GPT(PRESETS[name])
+        assert sum(p.numel() for p in model.parameters()) == PRESETS[name].num_params
+
+
+def test_gpt2_1p5b_count_is_the_papers():
+    # paper.md §4.3: 48 × 1600 is 1.47B core (12Lh²) and 1.56B with embeddings
+    cfg = preset("gpt-1.5b")
+    assert 12 * cfg.layers * cfg.hidden**2 == pytest.approx(1.47e9, rel=0.01)
+    assert cfg.num_params == pytest.approx(1.56e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda: ModelConfig(layers=2, hidden=100, heads=3), "hidden"),
+        (lambda: ModelConfig(layers=0, hidden=64, heads=4), "layers"),
+        (lambda: ParallelConfig(dp=0), "dp"),
+        (lambda: ParallelConfig(stage=4), "stage"),
+        (lambda: ParallelConfig(bucket_bytes=0), "bucket_bytes"),
+        (lambda: ParallelConfig(bucket_bytes=-5), "bucket_bytes"),
+        (lambda: ParallelConfig(partition_activations=True), "partition_activations"),
+        (lambda: ParallelConfig(mp=2).check_model(preset("awkward")), "heads"),
+        (lambda: PrecisionConfig(mode="fp8"), "precision"),
+        (lambda: TrainConfig(micro_batch=0), "micro_batch"),
+        (lambda: TrainConfig(lr=-1.0), "lr"),
+        (lambda: preset("gpt-3"), "model"),
+    ],
+)
+def test_bad_config_names_the_field(build, field):
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert str(info.value).startswith(f"{field}=")
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["run", "--model", "nope"], "model="),
+        (["run", "--dp", "0"], "dp="),
+        (["run", "--stage", "7"], "stage="),
+        (["run", "--bucket-mb", "0"], "bucket_mb="),
+        (["run", "--model", "tiny", "--hidden", "65"], "hidden="),
+        (["model", "--model", "gpt-8b", "--mp", "16", "--gpus", "40"], "gpus="),
+    ],
+)
+def test_cli_rejects_bad_input_with_exit_2(argv, field, capsys):
+    assert main(argv) == 2
+    assert field in capsys.readouterr().err

@@ -1,0 +1,41 @@
+import pytest
+
+from zerobench.zero.partition import FlatLayout
+
+SHAPES = [("a", (3, 5)), ("b", (7,)), ("c", (4, 4)), ("d", (1,)), ("e", (10,))]
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3, 4])
+@pytest.mark.parametrize("bucket", [1, 16, 25, 1000])
+def test_buckets_tile_the_buffer_and_shards_are_equal(nd, bucket):
+    lay = FlatLayout(SHAPES, nd, bucket)
+    assert lay.numel == 15 + 7 + 16 + 1 + 10
+    offset = 0
+    for b in lay.buckets:
+        assert b.start == offset and b.padded % nd == 0 and b.padded - b.numel < nd
+        offset += b.padded
+        # chunks of all ranks tile the bucket
+        assert [b.owned(r) for r in range(nd)] == [
+            (b.start + r * b.chunk, b.start + (r + 1) * b.chunk) for r in range(nd)
+        ]
+    assert offset == lay.padded_numel == nd * lay.shard_numel
+    assert lay.padded_numel - lay.numel <= len(lay.buckets) * (nd - 1)
+    # every slot inside its bucket, no overlaps
+    for s in lay.slots:
+        b = lay.buckets[s.bucket]
+        assert b.start <= s.offset and s.offset + s.numel <= b.start + b.numel
+
+
+def test_bucket_limit_and_oversized_params():
+    lay = FlatLayout(SHAPES, 2, 16)
+    sizes = [sum(lay.slots[i].numel for i in b.slots) for b in lay.buckets]
+    assert all(s <= 16 or len(b.slots) == 1 for s, b in zip(sizes, lay.buckets))
+
+
+def test_explicit_groups_and_bad_groups():
+    lay = FlatLayout(SHAPES, 2, groups=[[0, 1], [2], [3, 4]])
+    assert [b.slots for b in lay.buckets] == [(0, 1), (2,), (3, 4)]
+    with pytest.raises(ValueError, match="every parameter"):
+        FlatLayout(SHAPES, 2, groups=[[0, 1], [2]])
+    with pytest.raises(ValueError, match="nd="):
+        FlatLayout(SHAPES, 0, 16)

@@ -1,0 +1,169 @@
+"""Unit tests of the performance model: FLOPs convention, α–β collectives, memory feasibility,
+refusal of impossible layouts, the record and the planning text."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from zerobench.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.flops import step_flops
+from zerobench.perfmodel import DEFAULT, estimate_text, get_profile, layout, model_record, network, predict
+from zerobench.perfmodel.compute import flops_per_gpu
+from zerobench.perfmodel.memory_fit import breakdown, max_micro_batch
+from zerobench.perfmodel.paper_setups import PAPER_PRECISION, zero_parallel
+
+V100 = get_profile("v100-32gb-dgx2")
+FP16 = PrecisionConfig(mode="fp16", device="cuda")
+
+
+def test_flops_convention_hand_computed():
+    # L=2, h=64, s=32, V=256: forward per sequence = 24·s·L·h²·(1 + s/6h + V/16Lh)
+    model = ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256)
+    forward = 24 * 32 * 2 * 64 * 64 * (1 + 32 / 384 + 256 / (16 * 2 * 64))
+    assert forward == pytest.approx(7_602_176)
+    assert step_flops(model, 3, recompute=True) == pytest.approx(4 * 3 * 7_602_176)
+    assert step_flops(model, 3, recompute=False) == pytest.approx(3 * 3 * 7_602_176)
+    # per GPU: one replica's work split across its MP group; grad accumulation multiplies it
+    assert flops_per_gpu(model, mp=2, micro_batch=3, grad_accum=2, recompute=True) == pytest.approx(
+        4 * 6 * 7_602_176 / 2
+    )
+
+
+def test_tflops_is_flops_over_step_time():
+    model, par = PRESETS["gpt-100b"], zero_parallel(400, 16, "C4")
+    pred = predict(model, par, PAPER_PRECISION, TrainConfig(micro_batch=32), "v100-32gb-dgx2")
+    expected = step_flops(model, 32 * 25, True) / 400 / pred.step_time_s / 1e12
+    assert pred.tflops_per_gpu == pytest.approx(expected)
+    parts = pred.compute_s + pred.mp_comm_s + pred.host_copy_s + pred.dp_comm_s + pred.optimizer_s + pred.overhead_s
+    assert pred.step_time_s == pytest.approx(parts)
+
+
+def test_alpha_beta_ring_times():
+    # one node, 4 members: a plain NVSwitch ring
+    ring = network.Ring(per_node=4, nodes=1, intra_bw=100e9, inter_bw=5e9, intra_latency=5e-6, inter_latency=1e-5)
+    nbytes = 1e9
+    assert ring.all_reduce(nbytes) == pytest.approx(2 * 3 / 4 * nbytes / 100e9 + 6 * 5e-6)
+    assert ring.reduce_scatter(nbytes) == pytest.approx(3 / 4 * nbytes / 100e9 + 3 * 5e-6)
+    assert ring.all_gather(nbytes) == ring.reduce_scatter(nbytes)
+    # one member per node on 5 nodes: a plain InfiniBand ring at the per-GPU share
+    ib = network.Ring(per_node=1, nodes=5, intra_bw=100e9, inter_bw=5e9, intra_latency=5e-6, inter_latency=1e-5)
+    assert ib.all_reduce(nbytes) == pytest.approx(2 * 4 / 5 * nbytes / 5e9 + 8 * 1e-5)
+    # 4 per node on 2 nodes: intra reduce-scatter, then the inter ring carries 1/4 of the data
+    hier = network.Ring(per_node=4, nodes=2, intra_bw=100e9, inter_bw=5e9, intra_latency=5e-6, inter_latency=1e-5)
+    expected = 3 / 4 * nbytes / 100e9 + 3 * 5e-6 + 1 / 2 * nbytes / 4 / 5e9 + 1e-5
+    assert hier.reduce_scatter(nbytes) == pytest.approx(expected)
+    assert network.Ring(1, 1, 1e9, 1e9, 1e-5, 1e-5).all_reduce(nbytes) == 0.0
+
+
+def test_groups_use_the_links_they_cross():
+    cal = DEFAULT
+    # MP 16 inside a DGX-2: NVSwitch only
+    mp16 = network.ring(16, 1, V100, cal)
+    assert (mp16.per_node, mp16.nodes) == (16, 1)
+    assert mp16.intra_bw == pytest.approx(150e9 * cal.nvlink_efficiency)
+    # ZeRO's DP group at MP 16: one GPU per node -> the per-GPU share of 8 x 12.5 GB/s
+    dp = network.ring(25, 16, V100, cal)
+    assert (dp.per_node, dp.nodes) == (1, 25)
+    assert dp.inter_bw == pytest.approx(100e9 / 16 * cal.ib_efficiency)
+    # Megatron MP 32 spans two nodes: the same all-reduce is much slower than inside one node
+    mp32 = network.ring(32, 1, V100, cal)
+    assert (mp32.per_node, mp32.nodes) == (16, 2)
+    assert mp32.all_reduce(1e8) > 1.5 * mp16.all_reduce(1e8)
+    assert network.placement(128, 1, 16) == (16, 8)
+    # DP traffic: 2Ψ for stages 0-2 (all-reduce = reduce-scatter + all-gather), 3Ψ for stage 3
+    r0, e0 = network.dp_comm_times(1e9, 0, 25, 16, 2, V100, cal)
+    r2, e2 = network.dp_comm_times(1e9, 2, 25, 16, 2, V100, cal)
+    r3, e3 = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, cal)
+    assert r0 + e0 == pytest.approx(r2 + e2)
+    assert r3 + e3 == pytest.approx(1.5 * (r2 + e2))
+
+
+def test_mp_volume_is_six_allreduces_per_layer_with_checkpointing():
+    cal = DEFAULT
+    t6, _ = network.mp_comm_time(4, 1024, 8192, 10, 16, 2, True, False, False, V100, cal)
+    t4, _ = network.mp_comm_time(4, 1024, 8192, 10, 16, 2, False, False, False, V100, cal)
+    one = network.ring(16, 1, V100, cal).all_reduce(4 * 1024 * 8192 * 2)
+    assert t6 == pytest.approx(60 * one) and t4 == pytest.approx(40 * one)
+
+
+def test_max_batch_monotone_in_memory():
+    model, par = PRESETS["gpt-60b-scaling"], zero_parallel(128, 16, "C4")
+    batches = [
+        max_micro_batch(model, par, PAPER_PRECISION, dataclasses.replace(V100, memory_bytes=gib * 2**30), DEFAULT)
+        for gib in (24, 32, 40, 48, 80)
+    ]
+    assert batches == sorted(batches) and batches[-1] > batches[0]
+
+
+def test_more_dp_never_more_model_state_memory_nor_smaller_batch():
+    model = PRESETS["gpt-60b-scaling"]
+    for stage in (0, 1, 2, 3):
+        states = [
+            breakdown(model, ParallelConfig(dp=dp, mp=16, stage=stage), FP16, 1, V100, DEFAULT).model_state_bytes
+            for dp in (1, 2, 4, 8, 25, 64)
+        ]
+        assert all(b <= a for a, b in zip(states, states[1:], strict=False)), stage
+    batches = [
+        max_micro_batch(model, zero_parallel(16 * dp, 16), PAPER_PRECISION, V100, DEFAULT) for dp in (4, 8, 16, 25)
+    ]
+    assert batches == sorted(batches)
+
+
+def test_refuses_layouts_that_cannot_exist():
+    model = PRESETS["gpt-100b"]  # 64 heads
+    with pytest.raises(ConfigError, match="heads"):
+        odd = dataclasses.replace(model, heads=24, hidden=8184)
+        predict(odd, ParallelConfig(dp=1, mp=16), FP16, TrainConfig(), "v100-32gb-dgx2")
+    with pytest.raises(ConfigError, match="gpus"):
+        layout(100, 16)
+    with pytest.raises(ConfigError, match="mp"):
+        predict(model, ParallelConfig(dp=1, mp=32), FP16, TrainConfig(), "h100-80gb", gpus_per_node=12)
+    with pytest.raises(ConfigError, match="hardware"):
+        get_profile("tpu-v9")
+    rec = model_record(dataclasses.replace(model, heads=24, hidden=8184), ParallelConfig(dp=2, mp=16), FP16,
+                       TrainConfig(), "v100-32gb-dgx2")  # fmt: skip
+    assert rec["status"] == "infeasible" and "heads" in rec["error"]
+
+
+def test_record_ok_and_oom():
+    rec = model_record(PRESETS["gpt-100b"], zero_parallel(400, 16, "C4"), PAPER_PRECISION, TrainConfig(micro_batch=32),
+                       "v100-32gb-dgx2")  # fmt: skip
+    assert rec["source"] == "modelled" and rec["status"] == "ok"
+    assert rec["world_size"] == 400 and rec["global_batch"] == 800
+    assert rec["tflops_per_gpu"] > 0 and 0 < rec["mfu"] < 1
+    for key in ("compute_s", "mp_comm_s", "dp_comm_s", "optimizer_s", "overhead_s", "max_micro_batch"):
+        assert key in rec
+    assert rec["peak_allocated_bytes"] <= 32 * 2**30
+    plain = ParallelConfig(dp=25, mp=16, stage=0)
+    oom = model_record(PRESETS["gpt-100b"], plain, FP16, TrainConfig(), "v100-32gb-dgx2")
+    assert oom["status"] == "oom" and "GB" in oom["error"] and oom["tflops_per_gpu"] is None
+
+
+def test_gpus_per_node_override_and_today_profiles():
+    for name in ("a100-80gb", "h100-80gb", "h200-141gb"):
+        hw = get_profile(name)
+        assert hw.gpus_per_node == 8 and hw.peak_flops > V100.peak_flops
+    assert get_profile("h100-80gb", gpus_per_node=4).gpus_per_node == 4
+    # MP 16 on 8-GPU nodes crosses nodes and is slower than on a 16-GPU node of the same GPUs
+    model, train = PRESETS["gpt-100b"], TrainConfig(micro_batch=8)
+    par = zero_parallel(128, 16, "C4")
+    slow = predict(model, par, PAPER_PRECISION, train, "h100-80gb")
+    fast = predict(model, par, PAPER_PRECISION, train, "h100-80gb", gpus_per_node=16)
+    assert slow.mp_comm_s > fast.mp_comm_s
+
+
+def test_estimate_text():
+    text = estimate_text(PRESETS["gpt-100b"], zero_parallel(400, 16, "C4"), PAPER_PRECISION,
+                         TrainConfig(micro_batch=32), "v100-32gb-dgx2")  # fmt: skip
+    assert "fits: yes" in text and "largest micro-batch" in text and "TFLOPS/GPU" in text
+    bad = estimate_text(PRESETS["gpt-100b"], ParallelConfig(dp=25, mp=16), FP16, TrainConfig(), "v100-32gb-dgx2")
+    assert "NO" in bad
+
+
+def test_perfmodel_never_imports_torch():
+    code = "import sys, zerobench.perfmodel.artifacts; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

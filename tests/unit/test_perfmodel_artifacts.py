@@ -1,0 +1,101 @@
+"""The regenerated artifacts: per-figure MAPE pinned so a regression shows, the shapes the
+paper shows, and the run time. Targets the model does not reach are strict xfails with the reason
+(docs/perfmodel.md explains each)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from zerobench.perfmodel.artifacts import ARTIFACTS, mape
+
+# Achieved MAPE per artifact over every paper number it has (fit points included), in %.
+ACHIEVED = {"table2": 2.0, "fig2": 11.5, "fig3": 10.2, "fig5": 12.8, "fig6": 2.9, "fig7": 19.9, "fig8": 8.0}
+MARGIN = 1.0  # percentage points
+MISSES_10 = {  # why the 10% target is missed (see docs/perfmodel.md, "What misses")
+    "fig2": "1.5B/40B ZeRO points run ~22-25% above the paper; speed-ups inherit two errors",
+    "fig3": "the paper's 64-GPU point is 33% below any memory-limited batch the model allows",
+    "fig5": "C2 (60B) is inconsistent with C1/C3/C4 under any per-parameter accounting (+43%)",
+    "fig7": "C3's tabulated batch is impossible without P_a; C1 and C5 disagree with Fig 3's rates",
+}
+
+
+@pytest.fixture(scope="module")
+def frames():
+    start = time.perf_counter()
+    out = {name: fn() for name, fn in ARTIFACTS.items()}
+    out["_seconds"] = time.perf_counter() - start
+    return out
+
+
+def test_all_artifacts_regenerate_fast(frames):
+    assert frames["_seconds"] < 60
+    for name in ARTIFACTS:
+        df = frames[name]
+        assert {"ours", "paper", "error_pct", "source"} <= set(df.columns), name
+        assert set(df["source"]) <= {"modelled", "formula"}
+
+
+@pytest.mark.parametrize("name", sorted(ACHIEVED))
+def test_mape_pinned(frames, name):
+    value, worst, points = mape(frames[name])
+    assert points > 0
+    assert value <= ACHIEVED[name] + MARGIN, f"{name}: MAPE {value:.1f}% (pinned {ACHIEVED[name]}%)"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.xfail(reason=MISSES_10[n], strict=True)) if n in MISSES_10 else n
+     for n in sorted(ACHIEVED)],
+)  # fmt: skip
+def test_mape_target_10_percent(frames, name):
+    assert mape(frames[name])[0] <= 10.0
+
+
+def test_fig3_superlinear_from_memory(frames):
+    df = frames["fig3"]
+    per_gpu = df[df.series == "TFLOPS/GPU"].set_index("gpus")
+    total = df[df.series == "total TFLOPS"].set_index("gpus")["ours"]
+    assert total[128] / total[64] > 2.0  # superlinear 64 -> 128
+    assert per_gpu.loc[128, "ours"] > per_gpu.loc[64, "ours"]
+    batches = per_gpu["micro_batch"].tolist()  # chosen by memory, not put in
+    assert batches[0] < batches[1] <= max(batches)
+
+
+def test_fig5_order(frames):
+    size = frames["fig5"].set_index("key")["ours"]
+    assert size["C1"] < size["C2"] < size["C4"] < size["C5"]
+    assert size["C3"] < size["C4"]
+
+
+def test_fig8_peak_in_the_middle(frames):
+    df = frames["fig8"]
+    zero = df[df.series == "ZeRO-DP"]["ours"].tolist()
+    peak = zero.index(max(zero))
+    assert 0 < peak < len(zero) - 1
+    limits = df[df.series == "max model (B)"].set_index("key")["ours"]
+    assert 12 <= limits["max model ZeRO-DP"] <= 14.5 and 1.2 <= limits["max model DDP"] <= 1.6
+
+
+def test_fig2_baseline_collapses_beyond_one_node(frames):
+    base = frames["fig2"][frames["fig2"].series == "Megatron baseline"]
+    inside = base[base.mp <= 16]["ours"].dropna()
+    across = base[base.mp > 16]["ours"].dropna()
+    assert inside.min() > 2.5 * across.max()
+    zero = frames["fig2"][frames["fig2"].series == "ZeRO-100B"]
+    assert zero["ours"].notna().all()
+
+
+def test_fig7_170b_needs_offload(frames):
+    df = frames["fig7"].set_index("key")
+    for config in ("C1", "C2", "C3", "C4"):
+        assert df.loc[f"170B {config}", "status"] == "oom"
+    assert df.loc["170B C5", "status"] == "ok"
+
+
+def test_fig6_offload_saves_memory_only_for_100b(frames):
+    cached = frames["fig6"].set_index("key")["ours"]
+    assert cached["40B C1"] > cached["40B C2"] and cached["40B C1"] > cached["40B C3"]
+    assert abs(cached["40B C4"] - cached["40B C5"]) < 1.0
+    assert cached["100B C4"] - cached["100B C5"] > 1.0

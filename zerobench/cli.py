@@ -1,0 +1,200 @@
+"""`zerobench` command line: run, trace, model, estimate (one trial or answer each), and table,
+plot, report (results/ and figures/ from records). See design.md for the interface."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zerobench.config import (
+    ZERO_CONFIGS,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    TrainConfig,
+    preset,
+)
+
+MiB = 2**20
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="tiny", help="preset name (see `zerobench presets`)")
+    for name in ("layers", "hidden", "heads", "seq", "vocab"):
+        g.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+
+
+def _parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallel layout and ZeRO")
+    g.add_argument("--dp", type=int, default=None, help="data-parallel degree N_d (default 1, or gpus/mp)")
+    g.add_argument("--mp", type=int, default=1, help="tensor model-parallel degree N_m")
+    g.add_argument("--stage", type=int, default=None, help="ZeRO-DP stage 0-3 (0 = plain DP)")
+    g.add_argument("--zero-config", choices=sorted(ZERO_CONFIGS), help="the paper's C1-C5 (sets stage and ZeRO-R)")
+    g.add_argument("--bucket-mb", type=float, default=25.0, help="C_B: fused buffer size in MiB")
+    g.add_argument("--checkpoint-activations", action="store_true", help="one checkpoint per block")
+    g.add_argument("--partition-activations", action="store_true", help="P_a: split checkpoints over MP")
+    g.add_argument("--offload-activations", action="store_true", help="P_a+cpu: checkpoints to host")
+    g.add_argument("--contiguous-buffers", action="store_true", help="M_D: preallocated contiguous buffers")
+    g.add_argument("--prefetch-mb", type=float, default=50.0, help="stage 3: gathered bytes in flight")
+    g.add_argument("--persistence-threshold", type=int, default=0, help="stage 3: keep tensors this small whole")
+
+
+def _train_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None:
+    g = p.add_argument_group("training")
+    g.add_argument(
+        "--precision", default=precision, help=f"fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param; default {precision})"
+    )
+    g.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    g.add_argument("--micro-batch", type=int, default=1, help="sequences per DP rank per micro-step")
+    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--steps", type=int, default=5, help="timed steps")
+    g.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--seed", type=int, default=1234)
+
+
+def _hardware_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("hardware")
+    g.add_argument(
+        "--hardware", default="v100-32gb-dgx2", help="profile: v100-32gb-dgx2, a100-80gb, h100-80gb, h200-141gb"
+    )
+    g.add_argument("--gpus", type=int, help="total GPUs (sets dp = gpus / mp)")
+    g.add_argument("--gpus-per-node", type=int, help="override the profile's node size")
+
+
+def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig]:
+    """Validated configs from parsed arguments; raises ConfigError naming the field."""
+    model = preset(args.model).with_overrides(
+        layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab
+    )
+    dp = args.dp
+    gpus = getattr(args, "gpus", None)
+    if gpus is not None:
+        if gpus < 1 or gpus % args.mp:
+            raise ConfigError(f"gpus={gpus}: must be a positive multiple of mp ({args.mp})")
+        if dp is not None and dp * args.mp != gpus:
+            raise ConfigError(f"dp={dp}: dp × mp must equal gpus ({gpus})")
+        dp = gpus // args.mp
+    zero = dict(ZERO_CONFIGS[args.zero_config]) if args.zero_config else {}
+    if args.stage is not None:
+        if zero and zero["stage"] != args.stage:
+            raise ConfigError(f"stage={args.stage}: conflicts with zero-config {args.zero_config}")
+        zero["stage"] = args.stage
+    switches = ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers")
+    for name in switches:
+        zero[name] = zero.get(name, False) or getattr(args, name)
+    if zero["partition_activations"]:
+        zero["checkpoint_activations"] = True  # P_a partitions the checkpoints, so it implies them
+    parallel = ParallelConfig(
+        dp=1 if dp is None else dp,
+        mp=args.mp,
+        bucket_bytes=_mib(args.bucket_mb, "bucket_mb"),
+        prefetch_bytes=_mib(args.prefetch_mb, "prefetch_mb"),
+        persistence_threshold=args.persistence_threshold,
+        **zero,
+    )
+    parallel.check_model(model)
+    precision = PrecisionConfig(mode=args.precision, device=args.device)
+    train = TrainConfig(
+        micro_batch=args.micro_batch,
+        grad_accum=args.grad_accum,
+        steps=args.steps,
+        warmup=args.warmup,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    return model, parallel, precision, train
+
+
+def _mib(value: float, field: str) -> int:
+    if not value > 0:
+        raise ConfigError(f"{field}={value!r}: must be > 0")
+    return max(1, int(value * MiB))
+
+
+def cmd_run(args) -> int:
+    from zerobench.run import TrialSpec, run_trial
+
+    model, parallel, precision, train = configs(args)
+    record = run_trial(TrialSpec(model, parallel, precision, train, out=args.out, timeout_s=args.timeout))
+    _summarise(record)
+    return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
+
+
+def cmd_model(args) -> int:
+    model, parallel, precision, train = configs(args)
+    from zerobench.perfmodel import model_record
+    from zerobench.results import write_record
+
+    record = model_record(model, parallel, precision, train, args.hardware, args.gpus_per_node)
+    if args.out:
+        write_record(record, args.out)
+    _summarise(record)
+    return 0
+
+
+def cmd_estimate(args) -> int:
+    model, parallel, precision, train = configs(args)
+    from zerobench.perfmodel import estimate_text
+
+    print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node))
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from zerobench.config import NOMINAL_BILLIONS, PRESETS
+
+    for name, cfg in PRESETS.items():
+        nominal = f"{NOMINAL_BILLIONS[name]:g}B" if name in NOMINAL_BILLIONS else "-"
+        print(f"{name:18s} L={cfg.layers:<4d} h={cfg.hidden:<5d} heads={cfg.heads:<4d} "
+              f"params={cfg.num_params / 1e9:8.3f}B  paper={nominal:6s} {cfg.note}")  # fmt: skip
+    return 0
+
+
+def _summarise(record: dict) -> None:
+    keys = (
+        *("source", "status", "error", "model", "num_params", "dp", "mp", "stage", "step_time_s"),
+        *("tflops_per_gpu", "param_bytes", "grad_bytes", "optimizer_bytes", "peak_rss_bytes", "last_loss"),
+    )
+    print(json.dumps({k: record.get(k) for k in keys if record.get(k) is not None}, indent=1))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zerobench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one measured trial (launches its own ranks, or joins torchrun)")
+    for add in (_model_args, _parallel_args, _train_args):
+        add(run)
+    run.add_argument("--out", help="write the record here (JSON)")
+    run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
+    run.set_defaults(fn=cmd_run)
+    for name, fn, text in (
+        ("model", cmd_model, "one modelled record from the performance model"),
+        ("estimate", cmd_estimate, "does it fit, at what batch, how fast"),
+    ):
+        s = sub.add_parser(name, help=text)
+        _model_args(s)
+        _parallel_args(s)
+        _train_args(s, precision="fp16")  # the paper's mixed precision on GPUs
+        _hardware_args(s)
+        if name == "model":
+            s.add_argument("--out", help="write the record here (JSON)")
+        s.set_defaults(fn=fn)
+    sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

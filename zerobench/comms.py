@@ -1,0 +1,134 @@
+"""The only place collectives are issued. A ledger counts, per op and group, the calls, the
+message elements and bytes, the per-rank volume moved by the ring algorithm, and the seconds.
+
+Volume convention (paper §7, paper.md §1.4), per rank, for a message of N elements over n ranks:
+all-reduce 2N(n−1)/n, reduce-scatter N(n−1)/n (N = the full input), all-gather N(n−1)/n (N = the
+full output), broadcast N. Groups of one issue nothing and count nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from zerobench.parallel.topology import Group
+
+_RING_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "copy_to_host": lambda n: 1.0,
+    "copy_to_device": lambda n: 1.0,
+}
+
+
+@dataclass
+class Entry:
+    calls: int = 0
+    elements: int = 0  # message size, summed over calls
+    bytes: int = 0
+    volume_elements: float = 0.0  # per-rank ring volume
+    volume_bytes: float = 0.0
+    seconds: float = 0.0  # time in the call (sync) or waiting for it (async)
+
+
+class Ledger:
+    def __init__(self):
+        self.entries: dict[tuple[str, str], Entry] = defaultdict(Entry)
+
+    def record(self, op: str, group: str, numel: int, elem_bytes: int, group_size: int) -> Entry:
+        e = self.entries[(op, group)]
+        factor = _RING_FACTOR[op](group_size)
+        e.calls += 1
+        e.elements += numel
+        e.bytes += numel * elem_bytes
+        e.volume_elements += numel * factor
+        e.volume_bytes += numel * elem_bytes * factor
+        return e
+
+    def reset(self) -> None:
+        self.entries.clear()
+
+    def volume(self, ops=None, group: str | None = None, min_numel: int = 0) -> float:
+        """Per-rank volume in elements over the matching ops (and calls of at least `min_numel`
+        elements on average: scalar all-reduces for norms and overflow flags can be left out)."""
+        return sum(
+            e.volume_elements
+            for (op, g), e in self.entries.items()
+            if (ops is None or op in ops) and (group is None or g == group) and e.elements >= min_numel * e.calls
+        )
+
+    def as_dict(self) -> dict:
+        return {f"{op}/{g}": asdict(e) for (op, g), e in sorted(self.entries.items())}
+
+
+class Handle:
+    """An in-flight collective; `wait()` charges the waiting time to its ledger entry."""
+
+    def __init__(self, work, entry: Entry | None):
+        self.work, self.entry = work, entry
+
+    def wait(self) -> None:
+        if self.work is not None:
+            t0 = time.perf_counter()
+            self.work.wait()
+            self.entry.seconds += time.perf_counter() - t0
+            self.work = None
+
+
+class Comms:
+    """Collectives over explicit groups, each one counted in `self.ledger`."""
+
+    def __init__(self, ledger: Ledger | None = None):
+        self.ledger = ledger or Ledger()
+
+    def _issue(self, op: str, group: Group, numel: int, t: torch.Tensor, fn, async_op: bool):
+        if group.size == 1:
+            return Handle(None, None)
+        entry = self.ledger.record(op, group.name, numel, t.element_size(), group.size)
+        t0 = time.perf_counter()
+        work = fn(async_op)
+        if async_op:
+            return Handle(work, entry)
+        entry.seconds += time.perf_counter() - t0
+        return Handle(None, entry)
+
+    def all_reduce(self, t: torch.Tensor, group: Group, op=dist.ReduceOp.SUM, async_op=False) -> Handle:
+        return self._issue(
+            "all_reduce", group, t.numel(), t, lambda a: dist.all_reduce(t, op=op, group=group.pg, async_op=a), async_op
+        )
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False) -> Handle:
+        """Sum `inp` (group.size × out.numel() elements) over the group; rank r gets chunk r."""
+        if group.size == 1:
+            out.copy_(inp)
+        return self._issue(
+            "reduce_scatter",
+            group,
+            inp.numel(),
+            inp,
+            lambda a: dist.reduce_scatter_tensor(out, inp, group=group.pg, async_op=a),
+            async_op,
+        )
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False) -> Handle:
+        """Concatenate every rank's `inp` into `out` (group.size × inp.numel() elements)."""
+        if group.size == 1:
+            out.copy_(inp)
+        return self._issue(
+            "all_gather",
+            group,
+            out.numel(),
+            out,
+            lambda a: dist.all_gather_into_tensor(out, inp, group=group.pg, async_op=a),
+            async_op,
+        )
+
+    def broadcast(self, t: torch.Tensor, src_rank_in_group: int, group: Group) -> Handle:
+        src = dist.get_global_rank(group.pg, src_rank_in_group) if group.size > 1 else 0
+        return self._issue("broadcast", group, t.numel(), t, lambda a: dist.broadcast(t, src, group=group.pg), False)

@@ -1,0 +1,52 @@
+"""The paper's memory formulas (analytic) and the measurement helpers the engine reports with.
+
+Analytic: model states per device for each ZeRO-DP stage (paper §5, Table 1), activation
+checkpoints with and without P_a (§6.1), and the fused-buffer sizes of §3.2. Units are bytes; the
+paper's "GB" is 10⁹ bytes.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+
+def model_state_bytes(
+    num_params: float, stage: int, dp: int, mp: int = 1, pgk: tuple[int, int, int] = (2, 2, 12)
+) -> dict[str, float]:
+    """Per-device parameter, gradient and optimizer-state bytes (paper §5.1–5.3, Table 1).
+
+    Each MP rank holds Ψ/N_m parameters and ZeRO-DP partitions those across N_d (Table 2).
+    """
+    p, g, k = pgk
+    psi = num_params / mp
+    return {
+        "param_bytes": p * psi / (dp if stage >= 3 else 1),
+        "grad_bytes": g * psi / (dp if stage >= 2 else 1),
+        "optimizer_bytes": k * psi / (dp if stage >= 1 else 1),
+    }
+
+
+def total_model_state_bytes(num_params: float, stage: int, dp: int, mp: int = 1, pgk=(2, 2, 12)) -> float:
+    return sum(model_state_bytes(num_params, stage, dp, mp, pgk).values())
+
+
+def checkpoint_bytes(
+    micro_batch: int, seq: int, hidden: int, layers: int, mp: int = 1, partitioned: bool = False, elem_bytes: int = 2
+) -> float:
+    """Activation checkpoints per device with one checkpoint (the block input, b·s·h elements) per
+    layer: replicated on every MP rank, or 1/N_m of it with P_a (paper §6.1)."""
+    total = elem_bytes * micro_batch * seq * hidden * layers
+    return total / mp if partitioned else total
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since it started (CPU runs)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize()

@@ -1,0 +1,63 @@
+"""Compute time of one training step on one GPU.
+
+FLOPs follow the project's one convention (zerobench/flops.py: 96·B·s·L·h²(1 + s/6h + V/16Lh) with
+recomputation, 72·… without; paper.md §6). The achieved rate is peak × an efficiency that
+saturates with the size of the GEMMs each GPU runs: the rows are the tokens of a micro-batch
+(b·s), the narrow dimension is the per-GPU width h/mp (Megatron splits every weight across the MP
+group, paper §4.2). Both enter as x/(x + x_half), the usual shape of GEMM efficiency curves
+(Calculon keys a step table on the same sizes; simulators.md §7.1).
+
+Beside the GEMMs, every pass streams the layer's activations through memory-bound kernels
+(layernorm, GeLU, dropout, softmax, residual adds). Their time is modelled as
+`elementwise_traffic` × the layer's stored activation bytes (Korthikanti et al. 2022, the same
+count memory_fit.py uses; Megatron replicates the layernorm/dropout part on every MP rank) per
+pass, over HBM bandwidth. This is what makes narrow models and many heads slow.
+"""
+
+from __future__ import annotations
+
+from zerobench.config import ModelConfig
+from zerobench.flops import step_flops
+from zerobench.perfmodel.calibration import Calibration
+from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.memory_fit import layer_activation_bytes
+
+
+def gemm_efficiency(tokens: float, width: float, cal: Calibration) -> float:
+    """Fraction of peak reached with `tokens` rows per GEMM and a per-GPU width of `width`."""
+    width_factor = width / (width + cal.width_half) if cal.width_half > 0 else 1.0
+    return cal.gemm_eff_max * tokens / (tokens + cal.tokens_half) * width_factor
+
+
+def flops_per_gpu(model: ModelConfig, mp: int, micro_batch: int, grad_accum: int, recompute: bool) -> float:
+    """FLOPs one GPU executes per step: its replica's share (1/mp) of the replica's work."""
+    return step_flops(model, micro_batch * grad_accum, recompute) / mp
+
+
+def compute_time(
+    model: ModelConfig,
+    mp: int,
+    micro_batch: int,
+    grad_accum: int,
+    recompute: bool,
+    hw: HardwareProfile,
+    cal: Calibration,
+) -> tuple[float, float]:
+    """(seconds of compute per step, efficiency used) for one GPU: GEMMs plus memory-bound ops."""
+    eff = gemm_efficiency(micro_batch * model.seq, model.hidden / mp, cal)
+    gemm = flops_per_gpu(model, mp, micro_batch, grad_accum, recompute) / (hw.peak_flops * eff)
+    passes = 4 if recompute else 3  # forward, [recomputed forward,] backward (2x forward)
+    act = layer_activation_bytes(model, micro_batch, mp, 2)
+    elementwise = cal.elementwise_traffic * passes * model.layers * act * grad_accum / hw.hbm_bw
+    return gemm + elementwise, eff
+
+
+def backward_fraction(recompute: bool) -> float:
+    """Share of a micro-batch's compute spent in backward (2 of 3 passes, or 2 of 4 with recompute
+    ; the recomputed forward runs inside backward, so with recompute 3 of 4 passes are backward)."""
+    return 3.0 / 4.0 if recompute else 2.0 / 3.0
+
+
+def optimizer_time(params_on_gpu: float, hw: HardwareProfile, cal: Calibration) -> float:
+    """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once)."""
+    return params_on_gpu * cal.adam_bytes_per_param / (hw.hbm_bw * cal.hbm_efficiency)

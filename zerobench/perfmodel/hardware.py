@@ -1,0 +1,88 @@
+"""Hardware profiles as data: the paper's DGX-2 cluster and today's 8-GPU nodes.
+
+The paper's cluster (paper.md §6): 25 DGX-2 nodes, each 16 × V100-SXM3-32GB on NVSwitch and
+8 × 100 Gb/s EDR InfiniBand. Units: bytes, bytes/s, FLOP/s, seconds. Every rate is a datasheet
+peak; achieved fractions live in `calibration.py`, never here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from zerobench.config import ConfigError
+
+GiB = 2**30
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    gpu: str
+    peak_flops: float  # dense fp16/bf16 tensor-core FLOP/s per GPU
+    memory_bytes: float  # device memory per GPU, bytes
+    hbm_bw: float  # device memory bandwidth, bytes/s
+    gpus_per_node: int
+    intra_bw: float  # NVLink/NVSwitch bandwidth per GPU per direction, bytes/s
+    nic_bw: float  # one InfiniBand NIC, per direction, bytes/s
+    nics_per_node: int
+    host_bw: float  # GPU <-> host (PCIe) bandwidth per GPU per direction, bytes/s
+    intra_latency: float = 5e-6  # α per ring step on NVLink/NVSwitch, s (NCCL typical)
+    inter_latency: float = 10e-6  # α per ring step across InfiniBand, s (NCCL typical)
+
+    @property
+    def node_ib_bw(self) -> float:
+        """InfiniBand bandwidth of one node, per direction (bytes/s)."""
+        return self.nic_bw * self.nics_per_node
+
+    @property
+    def ib_share_per_gpu(self) -> float:
+        """The per-GPU share of the node's InfiniBand when every GPU sends at once (bytes/s)."""
+        return self.node_ib_bw / self.gpus_per_node
+
+
+PROFILES: dict[str, HardwareProfile] = {
+    # NVIDIA DGX-2 datasheet: 16 × V100-SXM3-32GB, 2 PFLOPS tensor => 125 TFLOPS per GPU; V100
+    # datasheet: HBM2 900 GB/s, 32 GB (= 32 GiB as reported by CUDA); NVSwitch: 6 NVLink2 × 25 GB/s
+    # per direction = 150 GB/s (paper: "300 GB/s" bidirectional); 8 × 100 Gb/s EDR ConnectX-5
+    # (paper §6: 12.5 GB/s per link); PCIe Gen3 x16 15.75 GB/s, two GPUs per PCIe switch uplink.
+    "v100-32gb-dgx2": HardwareProfile(
+        name="v100-32gb-dgx2", gpu="V100-SXM3-32GB", peak_flops=125e12, memory_bytes=32 * GiB,
+        hbm_bw=900e9, gpus_per_node=16, intra_bw=150e9, nic_bw=12.5e9, nics_per_node=8, host_bw=7.9e9,
+    ),
+    # A100 datasheet (SXM4 80GB): 312 TFLOPS dense bf16, 2039 GB/s HBM2e, 80 GB; NVLink3 600 GB/s
+    # bidirectional = 300 per direction; DGX A100: 8 × 200 Gb/s HDR; PCIe Gen4 x16 31.5 GB/s,
+    # two GPUs per PCIe switch.
+    "a100-80gb": HardwareProfile(
+        name="a100-80gb", gpu="A100-SXM4-80GB", peak_flops=312e12, memory_bytes=80 * GiB,
+        hbm_bw=2039e9, gpus_per_node=8, intra_bw=300e9, nic_bw=25e9, nics_per_node=8, host_bw=15.75e9,
+    ),
+    # H100 datasheet (SXM5 80GB): 989 TFLOPS dense bf16, 3.35 TB/s HBM3, 80 GB; NVLink4 900 GB/s
+    # bidirectional = 450 per direction; DGX H100: 8 × 400 Gb/s NDR; PCIe Gen5 x16 63 GB/s.
+    "h100-80gb": HardwareProfile(
+        name="h100-80gb", gpu="H100-SXM5-80GB", peak_flops=989e12, memory_bytes=80 * GiB,
+        hbm_bw=3350e9, gpus_per_node=8, intra_bw=450e9, nic_bw=50e9, nics_per_node=8, host_bw=63e9,
+    ),
+    # H200 datasheet (SXM 141GB): 989 TFLOPS dense bf16, 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s
+    # bidirectional; DGX H200: 8 × 400 Gb/s NDR; PCIe Gen5 x16 63 GB/s.
+    "h200-141gb": HardwareProfile(
+        name="h200-141gb", gpu="H200-SXM-141GB", peak_flops=989e12, memory_bytes=141 * GB,
+        hbm_bw=4800e9, gpus_per_node=8, intra_bw=450e9, nic_bw=50e9, nics_per_node=8, host_bw=63e9,
+    ),
+}  # fmt: skip
+
+
+def get_profile(name: str | HardwareProfile, gpus_per_node: int | None = None) -> HardwareProfile:
+    """A profile by name, with its node size optionally overridden (the NICs per node stay)."""
+    if isinstance(name, HardwareProfile):
+        profile = name
+    elif name in PROFILES:
+        profile = PROFILES[name]
+    else:
+        raise ConfigError(f"hardware={name!r}: unknown profile; choose one of {sorted(PROFILES)}")
+    if gpus_per_node is not None:
+        if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+            raise ConfigError(f"gpus_per_node={gpus_per_node!r}: must be an integer >= 1")
+        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
+    return profile

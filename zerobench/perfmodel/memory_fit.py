@@ -1,0 +1,141 @@
+"""Memory feasibility per GPU: what is resident, whether it fits, the largest batch and model.
+
+Per GPU, in bytes (paper §3, §5, §6):
+- model states: the paper's formulas per stage (zerobench/memory.py; Ψ/N_m per MP rank, then /N_d);
+- activation checkpoints: one per layer, b·s·h 16-bit elements, replicated on every MP rank, /N_m
+  with P_a, ≈0 on the device with P_a+cpu (only the layer being moved is staged);
+- the recompute working set of one layer: its activations (Korthikanti et al. 2022, Megatron
+  tensor parallel without sequence parallel: s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes in fp16) times
+  `working_set_factor` (activations plus their gradients), the all-gathered checkpoint under
+  P_a, and the vocabulary-parallel logits (16-bit logits, fp32 softmax and its gradient);
+- buffers: constant-size fused buckets (C_B; a reduce and an all-gather bucket of `bucket_bytes`)
+  and the fp32 copy of the rank's gradient shard that DeepSpeed's stage 1–2 optimizer updates
+  from (4Ψ/(N_m·N_d), the "+4 B/N" of simulators.md §3.2) for ZeRO, or the fp32 flattened
+  gradient buffer of the whole model (4Ψ/N_m) that the baselines'
+  fp16 optimizers keep (paper §3.2: 1.5B → 6 GB);
+- unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
+  unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.memory import checkpoint_bytes, model_state_bytes
+from zerobench.perfmodel.calibration import Calibration
+from zerobench.perfmodel.hardware import HardwareProfile
+
+SOFTMAX_BYTES = 4 + 4  # fp32 softmax of the logits and its gradient (Megatron vocab-parallel CE)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    param_bytes: float
+    grad_bytes: float
+    optimizer_bytes: float
+    checkpoint_bytes: float
+    working_bytes: float
+    buffer_bytes: float
+    usable_bytes: float  # device memory minus reserve and fragmentation
+
+    @property
+    def model_state_bytes(self) -> float:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def activation_bytes(self) -> float:
+        return self.checkpoint_bytes + self.working_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.model_state_bytes + self.activation_bytes + self.buffer_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+    def cached_bytes(self, cal: Calibration) -> float:
+        """What PyTorch's caching allocator holds at peak: the allocated peak plus a share of the
+        free headroom kept as cached blocks (the paper's Fig 6 metric)."""
+        return self.total_bytes + cal.cache_headroom * max(0.0, self.usable_bytes - self.total_bytes)
+
+
+def layer_activation_bytes(model: ModelConfig, micro_batch: int, mp: int, act_bytes: int) -> float:
+    """Stored activations of one transformer layer on one GPU (Korthikanti et al. 2022, fp16)."""
+    s, h, a, b = model.seq, model.hidden, model.heads, micro_batch
+    return (s * b * h * (10 + 24 / mp) + 5 * a * s * s * b / mp) * act_bytes / 2
+
+
+def breakdown(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    micro_batch: int,
+    hw: HardwareProfile,
+    cal: Calibration,
+) -> MemoryBreakdown:
+    p_bytes = precision.bytes_pgk[0]
+    mp, b = parallel.mp, micro_batch
+    states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
+    layer = layer_activation_bytes(model, b, mp, p_bytes)
+    one_ckpt = b * model.seq * model.hidden * p_bytes  # one layer's input, b·s·h elements
+    if parallel.checkpoint_activations:
+        if parallel.offload_activations:
+            ckpt = 2 * one_ckpt / mp  # P_a+cpu: the partition in flight to/from the host
+        else:
+            ckpt = checkpoint_bytes(
+                b, model.seq, model.hidden, model.layers, mp, parallel.partition_activations, p_bytes
+            )
+        working = cal.working_set_factor * layer + (one_ckpt if parallel.partition_activations else 0.0)
+    else:
+        ckpt = model.layers * layer  # every layer's activations are kept for backward
+        working = (cal.working_set_factor - 1) * layer
+    working += b * model.seq * (model.vocab / mp) * (p_bytes + SOFTMAX_BYTES)
+    if parallel.stage == 0 and p_bytes < 4:
+        buffers = 4.0 * model.num_params / mp  # fp32 flattened gradients of the whole replica shard
+    elif parallel.stage == 0:
+        buffers = 0.0
+    else:  # C_B: reduce + all-gather bucket; fp32 copy of this rank's gradient shard for Adam
+        buffers = 2.0 * parallel.bucket_bytes + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
+    lost = 0.0 if parallel.contiguous_buffers else cal.fragmentation * hw.memory_bytes
+    return MemoryBreakdown(
+        param_bytes=states["param_bytes"],
+        grad_bytes=states["grad_bytes"],
+        optimizer_bytes=states["optimizer_bytes"],
+        checkpoint_bytes=ckpt,
+        working_bytes=working,
+        buffer_bytes=buffers,
+        usable_bytes=hw.memory_bytes - cal.reserve_bytes - lost,
+    )
+
+
+def max_micro_batch(model, parallel, precision, hw, cal, limit: int = 1 << 16) -> int:
+    """Largest micro-batch that fits (0 when not even one sequence does). Memory grows with b, so
+    this is a bisection; more free memory can never give a smaller answer."""
+    if not breakdown(model, parallel, precision, 1, hw, cal).fits:
+        return 0
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if breakdown(model, parallel, precision, mid, hw, cal).fits:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def max_layers(model: ModelConfig, parallel, precision, micro_batch: int, hw, cal, limit: int = 1 << 14) -> int:
+    """Most layers of `model`'s width that fit at `micro_batch` (0 if none)."""
+
+    def fits(layers: int) -> bool:
+        return breakdown(dataclasses.replace(model, layers=layers), parallel, precision, micro_batch, hw, cal).fits
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo

@@ -1,0 +1,118 @@
+"""α–β collective times over the links each process group actually uses.
+
+Ranks are laid out MP-innermost (Megatron's layout): an MP group is `mp` consecutive ranks, a DP
+group takes one rank from each replica (stride `mp`). A group whose members share one node rings
+over NVSwitch/NVLink; a group that spans nodes is bounded by InfiniBand. Every group of a kind
+runs its collective at the same time (all DP groups reduce together), so the node's NICs are shared:
+each GPU gets `ib_share_per_gpu` (DGX-2: 8 × 12.5 GB/s / 16 = 6.25 GB/s). A communicator with
+k members per node runs hierarchically (`Ring`): reduce inside the node over NVSwitch, then k
+rings across nodes, each on 1/k of the data at one GPU's share; one with a single member per node
+(ZeRO's DP groups at MP 16) is a plain ring at the per-GPU share. Ring volumes (NCCL): all-reduce
+2(n−1)/n·S, reduce-scatter and all-gather (n−1)/n·S, one α per ring step.
+
+Volumes (paper §5, §7, paper.md §1.4): DP 2Ψ for stages 0–2 (all-reduce, or reduce-scatter +
+all-gather), 3Ψ for stage 3; Megatron MP 6 all-reduces of b·s·h per layer with checkpointing
+(2 forward, 2 recompute, 2 backward; 4 without); P_a one all-gather of b·s·h per layer; P_a+cpu
+the partitioned checkpoint to host and back.
+
+Overlap rule (stated once): with `Calibration.overlap_grad_reduce` off (the default: Megatron-LM
+2019 all-reduces after backward, DeepSpeed 0.2 reduces its buckets in the same stream) nothing
+overlaps: every collective and host copy adds to the step. With it on, the gradient reduction
+hides behind the last micro-batch's backward and only what outlasts it is exposed. ZeRO-OS as
+the paper ran it (P_os, early 2020) all-reduced gradients, 1.5x the volume of reduce-scatter
+(paper.md §5.8; `stage1_allreduce`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zerobench.perfmodel.calibration import Calibration
+from zerobench.perfmodel.hardware import HardwareProfile
+
+
+@dataclass(frozen=True)
+class Ring:
+    """One communicator as the network sees it: `per_node` members in each of `nodes` nodes.
+
+    Inside a node the members ring over NVLink/NVSwitch (`intra_bw`); across nodes each member
+    drives its own share of the node's InfiniBand (`inter_bw`), so a collective runs as
+    intra-node reduce-scatter → inter-node ring on 1/per_node of the data → intra-node all-gather
+    (NCCL's hierarchical schedule). With one member per node it is a plain ring over InfiniBand.
+    """
+
+    per_node: int
+    nodes: int
+    intra_bw: float  # bytes/s per GPU inside the node
+    inter_bw: float  # bytes/s per GPU across nodes (its share of the node's NICs)
+    intra_latency: float  # s per intra-node ring step
+    inter_latency: float  # s per inter-node ring step
+
+    @property
+    def size(self) -> int:
+        return self.per_node * self.nodes
+
+    def reduce_scatter(self, nbytes: float) -> float:
+        """Each member ends with 1/size of the reduced `nbytes` (all-gather: the reverse)."""
+        k, m = self.per_node, self.nodes
+        intra = (k - 1) / k * nbytes / self.intra_bw + (k - 1) * self.intra_latency
+        inter = (m - 1) / m * nbytes / k / self.inter_bw + (m - 1) * self.inter_latency if m > 1 else 0.0
+        return intra + inter
+
+    all_gather = reduce_scatter
+
+    def all_reduce(self, nbytes: float) -> float:
+        return 2 * self.reduce_scatter(nbytes)
+
+
+def placement(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
+    """(members per node, nodes spanned) of a group of `size` ranks `stride` apart."""
+    if size == 1:
+        return 1, 1
+    per_node = 1 if stride >= gpus_per_node else min(size, max(1, gpus_per_node // stride))
+    return per_node, math.ceil(size / per_node)
+
+
+def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring:
+    per_node, nodes = placement(size, stride, hw.gpus_per_node)
+    return Ring(per_node, nodes, hw.intra_bw * cal.nvlink_efficiency, hw.ib_share_per_gpu * cal.ib_efficiency,
+                hw.intra_latency, hw.inter_latency)  # fmt: skip
+
+
+def mp_comm_time(
+    micro_batch: int,
+    seq: int,
+    hidden: int,
+    layers: int,
+    mp: int,
+    act_bytes: int,
+    recompute: bool,
+    partition: bool,
+    offload: bool,
+    hw: HardwareProfile,
+    cal: Calibration,
+) -> tuple[float, float]:
+    """(MP collective seconds, host-copy seconds) for one micro-batch on one GPU."""
+    msg = micro_batch * seq * hidden * act_bytes  # one b·s·h activation
+    group = ring(mp, 1, hw, cal)
+    t = layers * (6 if recompute else 4) * group.all_reduce(msg)
+    if partition and mp > 1:
+        t += layers * group.all_gather(msg)  # P_a: gather the checkpoint before recompute
+    host = 2 * layers * (msg / mp) / hw.host_bw if offload else 0.0  # P_a+cpu: out and back
+    return t, host  # fmt: skip
+
+
+def dp_comm_times(
+    params_per_rank: float, stage: int, dp: int, mp: int, grad_bytes: int, hw: HardwareProfile, cal: Calibration
+) -> tuple[float, float]:
+    """(overlappable gradient-reduction seconds, exposed seconds) of one step's DP traffic."""
+    group = ring(dp, mp, hw, cal)
+    msg = params_per_rank * grad_bytes  # Ψ' in the 16-bit (or fp32) storage dtype
+    if stage == 0:
+        return group.all_reduce(msg), 0.0
+    if stage == 1 and cal.stage1_allreduce:  # ZeRO-OS as first released: all-reduce, 1.5x volume
+        return group.all_reduce(msg), group.all_gather(msg)
+    if stage in (1, 2):
+        return group.reduce_scatter(msg), group.all_gather(msg)
+    return group.reduce_scatter(msg) + 2 * group.all_gather(msg), 0.0  # stage 3: 3Ψ, prefetched

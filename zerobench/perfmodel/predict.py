@@ -1,0 +1,193 @@
+"""Step time, throughput and feasibility of one configuration; the record and the planning text.
+
+Step time = compute + exposed MP communication + exposed DP communication + optimizer step + a
+fixed overhead (network.py states the overlap rule). Throughput follows the paper's convention
+(zerobench/flops.py: recomputation counted when checkpointing), per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerobench import results
+from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.flops import step_flops
+from zerobench.perfmodel import compute, network
+from zerobench.perfmodel.calibration import DEFAULT, Calibration
+from zerobench.perfmodel.hardware import HardwareProfile, get_profile
+from zerobench.perfmodel.memory_fit import MemoryBreakdown, breakdown, max_micro_batch
+
+
+@dataclass(frozen=True)
+class Prediction:
+    fits: bool
+    memory: MemoryBreakdown
+    max_micro_batch: int
+    compute_s: float
+    mp_comm_s: float
+    host_copy_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    overhead_s: float
+    efficiency: float
+    flops_per_gpu: float  # paper convention, per step
+    model_flops_per_gpu: float  # without recomputation, for MFU
+    peak_flops: float
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.mp_comm_s + self.host_copy_s + self.dp_comm_s + self.optimizer_s + self.overhead_s
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.flops_per_gpu / self.step_time_s / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops_per_gpu / self.step_time_s / self.peak_flops
+
+
+def validate(model: ModelConfig, parallel: ParallelConfig, hw: HardwareProfile) -> None:
+    """Refuse layouts that cannot exist (Megatron's rules, paper appendix; whole-node MP groups).
+    The vocabulary is padded to a multiple of mp, as Megatron does, so it is not checked."""
+    for field, value in (("heads", model.heads), ("hidden", model.hidden)):
+        if value % parallel.mp:
+            raise ConfigError(f"{field}={value!r}: must be divisible by mp ({parallel.mp})")
+    gpn = hw.gpus_per_node
+    if (parallel.mp > gpn and parallel.mp % gpn) or (parallel.mp < gpn and gpn % parallel.mp):
+        raise ConfigError(f"mp={parallel.mp!r}: an MP group must divide a node or span whole nodes ({gpn} GPUs)")
+
+
+def layout(gpus: int, mp: int, **parallel_fields) -> ParallelConfig:
+    """ParallelConfig for `gpus` GPUs at MP degree `mp` (DP = gpus / mp)."""
+    if not isinstance(gpus, int) or gpus < 1 or gpus % mp:
+        raise ConfigError(f"gpus={gpus!r}: must be a positive multiple of mp ({mp})")
+    return ParallelConfig(dp=gpus // mp, mp=mp, **parallel_fields)
+
+
+def predict(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    train: TrainConfig,
+    hardware: str | HardwareProfile,
+    gpus_per_node: int | None = None,
+    cal: Calibration = DEFAULT,
+) -> Prediction:
+    hw = get_profile(hardware, gpus_per_node)
+    validate(model, parallel, hw)
+    b, ga, mp = train.micro_batch, train.grad_accum, parallel.mp
+    recompute = parallel.checkpoint_activations
+    p_bytes, g_bytes, _ = precision.bytes_pgk
+    mem = breakdown(model, parallel, precision, b, hw, cal)
+    comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal)
+    mp_t, host_t = network.mp_comm_time(
+        b, model.seq, model.hidden, model.layers, mp, p_bytes, recompute,
+        parallel.partition_activations, parallel.offload_activations, hw, cal,
+    )  # fmt: skip
+    psi = model.num_params / mp
+    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal)
+    bwd_last = comp / ga * compute.backward_fraction(recompute)
+    updated = psi / parallel.dp if parallel.stage >= 1 else psi
+    return Prediction(
+        fits=mem.fits,
+        memory=mem,
+        max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal),
+        compute_s=comp,
+        mp_comm_s=mp_t * ga,
+        host_copy_s=host_t * ga,
+        dp_comm_s=max(0.0, reduce_s - (bwd_last if cal.overlap_grad_reduce else 0.0)) + exposed_s,
+        optimizer_s=compute.optimizer_time(updated, hw, cal),
+        overhead_s=cal.step_overhead_s,
+        efficiency=eff,
+        flops_per_gpu=step_flops(model, b * ga, recompute) / mp,
+        model_flops_per_gpu=step_flops(model, b * ga, False) / mp,
+        peak_flops=hw.peak_flops,
+    )
+
+
+def model_record(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    train: TrainConfig,
+    hardware: str,
+    gpus_per_node: int | None = None,
+    cal: Calibration = DEFAULT,
+) -> dict:
+    """One `source: modelled` record (results.RECORD_FIELDS, time breakdown in the extras)."""
+    fields = dict(
+        **results.model_fields(model), dp=parallel.dp, mp=parallel.mp, world_size=parallel.world_size,
+        stage=parallel.stage, checkpoint_activations=parallel.checkpoint_activations,
+        partition_activations=parallel.partition_activations, offload_activations=parallel.offload_activations,
+        contiguous_buffers=parallel.contiguous_buffers, bucket_bytes=parallel.bucket_bytes,
+        precision=precision.mode, device="modelled", hardware=str(hardware), micro_batch=train.micro_batch,
+        grad_accum=train.grad_accum, global_batch=train.micro_batch * train.grad_accum * parallel.dp,
+    )  # fmt: skip
+    try:
+        pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal)
+    except ConfigError as exc:
+        return results.new_record("modelled", status="infeasible", error=str(exc), **fields)
+    mem = pred.memory
+    fields.update(
+        param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, optimizer_bytes=mem.optimizer_bytes,
+        activation_bytes=mem.activation_bytes, peak_allocated_bytes=mem.total_bytes,
+        peak_reserved_bytes=mem.cached_bytes(cal),
+    )  # fmt: skip
+    extra = {"max_micro_batch": pred.max_micro_batch, "buffer_bytes": mem.buffer_bytes,
+             "usable_bytes": mem.usable_bytes}  # fmt: skip
+    if not pred.fits:
+        msg = (f"needs {mem.total_bytes / 1e9:.1f} GB per GPU, {mem.usable_bytes / 1e9:.1f} GB usable; "
+               f"largest micro-batch that fits: {pred.max_micro_batch}")  # fmt: skip
+        return results.new_record("modelled", status="oom", error=msg, extra=extra, **fields)
+    step = pred.step_time_s
+    samples = train.micro_batch * train.grad_accum * parallel.dp / step
+    extra.update(
+        compute_s=pred.compute_s, mp_comm_s=pred.mp_comm_s + pred.host_copy_s, dp_comm_s=pred.dp_comm_s,
+        optimizer_s=pred.optimizer_s, overhead_s=pred.overhead_s, host_copy_s=pred.host_copy_s,
+        gemm_efficiency=pred.efficiency,
+    )  # fmt: skip
+    return results.new_record(
+        "modelled", step_time_s=step, step_time_min_s=step, step_time_max_s=step, samples_per_s=samples,
+        tokens_per_s=samples * model.seq, tflops_per_gpu=pred.tflops_per_gpu, mfu=pred.mfu, extra=extra, **fields,
+    )  # fmt: skip
+
+
+def estimate_text(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    train: TrainConfig,
+    hardware: str,
+    gpus_per_node: int | None = None,
+    cal: Calibration = DEFAULT,
+) -> str:
+    """The planning answer for a person: fits or not, memory by category, batch, speed."""
+    hw = get_profile(hardware, gpus_per_node)
+    head = (f"{model.name} ({model.num_params / 1e9:.2f}B params) on {parallel.world_size} x {hw.gpu} "
+            f"(dp={parallel.dp}, mp={parallel.mp}, stage {parallel.stage}, "
+            f"micro-batch {train.micro_batch})")  # fmt: skip
+    try:
+        pred = predict(model, parallel, precision, train, hw, None, cal)
+    except ConfigError as exc:
+        return f"{head}\n  cannot exist: {exc}"
+    m = pred.memory
+    gb = 1e9
+    lines = [
+        head,
+        f"  fits: {'yes' if pred.fits else 'NO (out of memory)'} — {m.total_bytes / gb:.1f} of "
+        f"{m.usable_bytes / gb:.1f} GB usable per GPU",
+        f"  model states {m.model_state_bytes / gb:.1f} GB (params {m.param_bytes / gb:.1f}, grads "
+        f"{m.grad_bytes / gb:.1f}, optimizer {m.optimizer_bytes / gb:.1f}); activations "
+        f"{m.activation_bytes / gb:.1f} GB (checkpoints {m.checkpoint_bytes / gb:.1f}, working "
+        f"{m.working_bytes / gb:.1f}); buffers {m.buffer_bytes / gb:.1f} GB",
+        f"  largest micro-batch that fits: {pred.max_micro_batch}",
+    ]
+    if pred.fits:
+        t = pred.step_time_s
+        parts = [("compute", pred.compute_s), ("MP comm", pred.mp_comm_s + pred.host_copy_s),
+                 ("DP comm", pred.dp_comm_s), ("optimizer", pred.optimizer_s),
+                 ("overhead", pred.overhead_s)]  # fmt: skip
+        lines.append(f"  predicted {pred.tflops_per_gpu:.1f} TFLOPS/GPU (MFU {pred.mfu:.0%}), step {t:.2f} s: "
+                     + ", ".join(f"{k} {v / t:.0%}" for k, v in parts))  # fmt: skip
+    return "\n".join(lines)

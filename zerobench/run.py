@@ -1,0 +1,262 @@
+"""One measured trial: build the model and engine on every rank, warm up, time steps, and write
+one record (`source: measured`). Started bare it launches its own ranks with torch's elastic
+launcher (what torchrun runs); started under torchrun or srun it joins the world it is in."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zerobench import flops, memory, results
+from zerobench.comms import Comms
+from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.data import SyntheticTokens, micro_batches
+from zerobench.model import GPT
+from zerobench.parallel import topology
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    model: ModelConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out: str | None = None
+    timeout_s: float = 1800.0  # a collective that waits longer than this fails the trial
+
+    def __post_init__(self):
+        self.parallel.check_model(self.model)
+
+    @property
+    def global_batch(self) -> int:
+        return self.train.micro_batch * self.train.grad_accum * self.parallel.dp
+
+    def base_record(self, source: str, **fields) -> dict:
+        p = self.parallel
+        return results.new_record(
+            source,
+            **results.model_fields(self.model),
+            dp=p.dp,
+            mp=p.mp,
+            world_size=p.world_size,
+            stage=p.stage,
+            checkpoint_activations=p.checkpoint_activations,
+            partition_activations=p.partition_activations,
+            offload_activations=p.offload_activations,
+            contiguous_buffers=p.contiguous_buffers,
+            bucket_bytes=p.bucket_bytes,
+            precision=self.precision.mode,
+            device=self.precision.device,
+            micro_batch=self.train.micro_batch,
+            grad_accum=self.train.grad_accum,
+            global_batch=self.global_batch,
+            steps=self.train.steps,
+            **fields,
+        )
+
+
+def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
+    """The model and its engine for this rank (every stage, every precision)."""
+    from zerobench.zero.engine import ZeroEngine
+
+    model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
+    model.init_weights(spec.train.seed)
+    model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype).to(device)
+    return ZeroEngine(model, ctx, spec.parallel, spec.precision, spec.train, comms)
+
+
+def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
+    """Run `steps` optimizer steps; returns this rank's mean micro-batch loss of each step."""
+    data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
+    losses = []
+    for step in range(first_step, first_step + steps):
+        tokens = data.global_batch(step, spec.global_batch).to(engine.device)
+        total = 0.0
+        mbs = list(micro_batches(tokens, spec.train.grad_accum, ctx.dp.size, ctx.dp.rank))
+        for i, (x, y) in enumerate(mbs):
+            loss = engine.model(x, y)
+            engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
+            total += loss.item()
+        engine.step()
+        losses.append(total / len(mbs))
+        if on_step:
+            on_step(step)
+    return losses
+
+
+def _measure(spec: TrialSpec, ctx, device) -> dict:
+    comms = Comms()
+    engine = build_engine(spec, ctx, comms, device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    train_steps(engine, spec, ctx, spec.train.warmup)
+    comms.ledger.reset()  # count the timed steps only
+    times = []
+    t0 = [0.0]
+
+    def tick(step):
+        sync()
+        times.append(time.perf_counter() - t0[0])
+        t0[0] = time.perf_counter()
+
+    t0[0] = time.perf_counter()
+    losses = train_steps(engine, spec, ctx, spec.train.steps, spec.train.warmup, on_step=tick)
+    # Mean loss over DP ranks and the worst peak memory over all ranks, on a ledger of their own
+    # so the engine's traffic stays clean.
+    metrics = Comms()
+    loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
+    metrics.all_reduce(loss_t, ctx.dp)
+    loss_t /= ctx.dp.size
+    peaks = torch.tensor([memory.peak_rss_bytes(), *_cuda_peaks(device)], dtype=torch.float64, device=device)
+    metrics.all_reduce(peaks, ctx.world, op=dist.ReduceOp.MAX)
+    step_time = statistics.median(times)
+    steps = spec.train.steps
+    comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
+            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    achieved = flops.step_flops(spec.model, spec.global_batch, spec.parallel.checkpoint_activations) / step_time
+    return spec.base_record(
+        "measured",
+        **engine.model_state_bytes(),
+        step_time_s=step_time,
+        step_time_min_s=min(times),
+        step_time_max_s=max(times),
+        samples_per_s=spec.global_batch / step_time,
+        tokens_per_s=spec.global_batch * spec.model.seq / step_time,
+        tflops_per_gpu=achieved / spec.parallel.world_size / 1e12,
+        peak_rss_bytes=int(peaks[0]),
+        peak_allocated_bytes=int(peaks[1]) if device.type == "cuda" else None,
+        peak_reserved_bytes=int(peaks[2]) if device.type == "cuda" else None,
+        comm=comm,
+        losses=[float(v) for v in loss_t],
+        first_loss=float(loss_t[0]),
+        last_loss=float(loss_t[-1]),
+    )
+
+
+def _cuda_peaks(device) -> list[int]:
+    if device.type != "cuda":
+        return [0, 0]
+    return [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)]
+
+
+def classify(exc: BaseException) -> str:
+    """The record status for an exception: running out of memory is a result, not a crash."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, MemoryError) or "OutOfMemoryError" in text or "out of memory" in text.lower():
+        return "oom"
+    if isinstance(exc, TimeoutError) or "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+        return "timeout"
+    return "error"
+
+
+def worker(spec_dict: dict) -> None:
+    """Entry point of every rank (under our launcher, torchrun or srun)."""
+    spec = spec_from_dict(spec_dict)
+    world = spec.parallel.world_size
+    cuda = spec.precision.device == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=spec.timeout_s))
+    try:
+        ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
+        try:
+            record = _measure(spec, ctx, device)
+        except Exception as exc:  # every rank reports; rank 0 writes
+            record = spec.base_record("measured", status=classify(exc), error=_short(exc))
+            if record["status"] == "error":
+                traceback.print_exc()
+        if ctx.rank == 0 and spec.out:
+            results.write_record(record, spec.out)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:500]
+
+
+def spec_to_dict(spec: TrialSpec) -> dict:
+    return asdict(spec)
+
+
+def spec_from_dict(d: dict) -> TrialSpec:
+    train = dict(d["train"], betas=tuple(d["train"]["betas"]))
+    return TrialSpec(
+        model=ModelConfig(**d["model"]),
+        parallel=ParallelConfig(**d["parallel"]),
+        precision=PrecisionConfig(**d["precision"]),
+        train=TrainConfig(**train),
+        out=d["out"],
+        timeout_s=d["timeout_s"],
+    )
+
+
+def under_launcher() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_trial(spec: TrialSpec) -> dict:
+    """Run one trial and return its record, which is also written to `spec.out` (if set)."""
+    out = spec.out or str(Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-{uuid.uuid4().hex}.json")
+    spec = TrialSpec(**{**spec.__dict__, "out": out})
+    if under_launcher():
+        worker(spec_to_dict(spec))
+        return results.read_record(out) if int(os.environ["RANK"]) == 0 else {}
+    Path(out).unlink(missing_ok=True)
+    if spec.parallel.world_size == 1:
+        worker(spec_to_dict(spec))
+    else:
+        _launch(spec)
+    if not Path(out).exists():  # a rank died before rank 0 could write
+        results.write_record(
+            spec.base_record("measured", status="error", error="a rank exited without a record; see the log"), out
+        )
+    return results.read_record(out)
+
+
+def _launch(spec: TrialSpec) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=spec.parallel.world_size,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # a free port, as torchrun --standalone
+        max_restarts=0,
+        monitor_interval=0.1,
+    )
+    spec_file = Path(spec.out).with_suffix(".spec.json")
+    spec_file.write_text(json.dumps(spec_to_dict(spec)))
+    try:  # each rank runs `python -m zerobench.run SPEC`, as torchrun would start it
+        elastic_launch(config, sys.executable)("-m", "zerobench.run", str(spec_file))
+    except ChildFailedError as exc:
+        first = next(iter(exc.failures.values()))
+        results.write_record(
+            spec.base_record(
+                "measured", status="error", error=f"rank {first.local_rank} failed: {first.message}"[:500]
+            ),
+            spec.out,
+        )
+    finally:
+        spec_file.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    worker(json.loads(Path(sys.argv[1]).read_text()))

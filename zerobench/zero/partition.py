@@ -1,0 +1,110 @@
+"""Flat buffers and the shard layout of ZeRO-DP (paper §5).
+
+All parameters live in one flat buffer, cut into buckets of whole parameters (the paper's
+constant-size fused buffers, C_B, §6.2). Each bucket is padded to a multiple of N_d and split into
+N_d equal chunks; DP rank r owns chunk r of every bucket. So a bucket's gradients are reduced with
+one reduce-scatter of equal chunks and its parameters rebuilt with one all-gather, and a rank's
+shard — the concatenation of its chunks — holds Ψ/N_d elements plus at most N_d − 1 per bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one parameter sits in the flat buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+    bucket: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    start: int  # flat offset of the bucket
+    numel: int  # elements of real parameters
+    padded: int  # numel rounded up to a multiple of N_d
+    chunk: int  # padded / N_d: the part each rank owns
+    shard_start: int  # where this rank's chunk sits in the rank's contiguous shard
+    slots: tuple[int, ...]  # indices of the parameters in the bucket
+
+    def owned(self, rank: int) -> tuple[int, int]:
+        """Flat [start, end) of `rank`'s chunk."""
+        lo = self.start + rank * self.chunk
+        return lo, lo + self.chunk
+
+
+class FlatLayout:
+    """Parameter slots and buckets for `nd` data-parallel ranks.
+
+    `groups` fixes the buckets explicitly (lists of parameter indices, in order); otherwise
+    parameters are packed greedily, in order, into buckets of at most `bucket_numel` elements
+    (a single larger parameter gets a bucket of its own).
+    """
+
+    def __init__(
+        self,
+        named_shapes: list[tuple[str, tuple[int, ...]]],
+        nd: int,
+        bucket_numel: int | None = None,
+        groups: list[list[int]] | None = None,
+    ):
+        if nd < 1:
+            raise ValueError(f"nd={nd}: must be >= 1")
+        numels = [_numel(shape) for _, shape in named_shapes]
+        if groups is None:
+            if not bucket_numel or bucket_numel < 1:
+                raise ValueError(f"bucket_numel={bucket_numel}: must be >= 1 when groups are not given")
+            groups = _pack(numels, bucket_numel)
+        if sorted(i for g in groups for i in g) != list(range(len(named_shapes))):
+            raise ValueError("groups must cover every parameter exactly once")
+        self.nd = nd
+        slots: list[Slot | None] = [None] * len(named_shapes)
+        buckets = []
+        offset = shard = 0
+        for b, group in enumerate(groups):
+            start = offset
+            for i in group:
+                name, shape = named_shapes[i]
+                slots[i] = Slot(name, tuple(shape), offset, numels[i], b)
+                offset += numels[i]
+            numel = offset - start
+            padded = -(-numel // nd) * nd
+            offset = start + padded
+            buckets.append(Bucket(b, start, numel, padded, padded // nd, shard, tuple(group)))
+            shard += padded // nd
+        self.slots: list[Slot] = slots
+        self.buckets: list[Bucket] = buckets
+        self.numel = sum(numels)  # Ψ
+        self.padded_numel = offset  # Ψ plus padding
+        self.shard_numel = shard  # elements each rank owns
+
+    def __repr__(self) -> str:
+        return (
+            f"FlatLayout(params={len(self.slots)}, buckets={len(self.buckets)}, nd={self.nd}, "
+            f"numel={self.numel}, padded={self.padded_numel}, shard={self.shard_numel})"
+        )
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _pack(numels: list[int], limit: int) -> list[list[int]]:
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i, n in enumerate(numels):
+        if groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    return groups
