@@ -124,6 +124,19 @@ def cmd_run(args) -> int:
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
 
 
+def cmd_trace(args) -> int:
+    from zerobench.results import write_record
+    from zerobench.run import TrialSpec
+    from zerobench.trace import trace_record
+
+    model, parallel, precision, train = configs(args)
+    record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out))
+    if args.out:
+        write_record(record, args.out)
+    _summarise(record)
+    return 0 if record["status"] != "error" else 1
+
+
 def cmd_model(args) -> int:
     model, parallel, precision, train = configs(args)
     from zerobench.perfmodel import model_record
@@ -171,6 +184,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="write the record here (JSON)")
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
     run.set_defaults(fn=cmd_run)
+    trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
+    for add in (_model_args, _parallel_args, _train_args):
+        add(trace)
+    trace.add_argument("--out", help="write the record here (JSON)")
+    trace.set_defaults(fn=cmd_trace)
     for name, fn, text in (
         ("model", cmd_model, "one modelled record from the performance model"),
         ("estimate", cmd_estimate, "does it fit, at what batch, how fast"),

@@ -221,8 +221,9 @@ class ParallelConfig:
         return self.dp * self.mp
 
     def check_model(self, model: ModelConfig) -> None:
-        """Megatron's rule (paper appendix): heads, hidden and vocab split evenly across MP."""
-        for field, value in (("heads", model.heads), ("hidden", model.hidden), ("vocab", model.vocab)):
+        """Megatron's rule (paper appendix): heads and hidden split evenly across MP. (The
+        vocabulary is padded to a multiple of MP, as Megatron does; see the MP layers.)"""
+        for field, value in (("heads", model.heads), ("hidden", model.hidden)):
             _require(value % self.mp == 0, field, f"must be divisible by mp ({self.mp})", value)
 
 

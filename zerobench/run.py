@@ -68,12 +68,14 @@ class TrialSpec:
 
 def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
     """The model and its engine for this rank (every stage, every precision)."""
-    from zerobench.zero.engine import ZeroEngine
-
     model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
     model.init_weights(spec.train.seed)
     model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype).to(device)
-    return ZeroEngine(model, ctx, spec.parallel, spec.precision, spec.train, comms)
+    if spec.parallel.stage == 3:
+        from zerobench.zero.stage3 import Stage3Engine as Engine
+    else:
+        from zerobench.zero.engine import ZeroEngine as Engine
+    return Engine(model, ctx, spec.parallel, spec.precision, spec.train, comms)
 
 
 def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
