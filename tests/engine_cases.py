@@ -17,12 +17,12 @@ from zerobench.run import TrialSpec, build_engine, train_steps
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
 
 
-def spec_for(model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, **parallel) -> TrialSpec:
+def spec_for(model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, device="cpu", **parallel) -> TrialSpec:
     parallel.setdefault("bucket_bytes", SMALL_BUCKET)
     return TrialSpec(
         model=preset(model),
         parallel=ParallelConfig(**parallel),
-        precision=PrecisionConfig(mode=precision),
+        precision=PrecisionConfig(mode=precision, device=device),
         train=TrainConfig(steps=steps, warmup=0, micro_batch=micro_batch, grad_accum=grad_accum),
     )
 
@@ -31,7 +31,7 @@ def engine_run(rank: int, spec: TrialSpec) -> dict:
     """Train `spec` on this rank; return what the tests compare."""
     ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
     comms = Comms()
-    engine = build_engine(spec, ctx, comms, torch.device("cpu"))
+    engine = build_engine(spec, ctx, comms, torch.device(spec.precision.device))
     state_before = engine.model_state_bytes()
     losses = train_steps(engine, spec, ctx, spec.train.steps)
     layout = engine.layout
@@ -52,13 +52,15 @@ def engine_run(rank: int, spec: TrialSpec) -> dict:
 def reference_run(spec: TrialSpec) -> dict:
     """The same training in one process, plain PyTorch, fp32, whole global batch per step."""
     t = spec.train
-    model = GPT(spec.model, checkpoint_activations=False)
+    device = torch.device(spec.precision.device)
+    with device:
+        model = GPT(spec.model, checkpoint_activations=False)
     model.init_weights(t.seed)
     opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
     losses = []
     for step in range(t.steps):
-        tokens = data.global_batch(step, spec.global_batch)
+        tokens = data.global_batch(step, spec.global_batch).to(device)
         opt.zero_grad()
         loss = model(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
@@ -70,8 +72,8 @@ def reference_run(spec: TrialSpec) -> dict:
 
 def rel_err(a: dict, b: dict) -> float:
     """‖a − b‖ / ‖b‖ over all parameters together."""
-    va = torch.cat([a[k].reshape(-1).float() for k in sorted(b)])
-    vb = torch.cat([b[k].reshape(-1).float() for k in sorted(b)])
+    va = torch.cat([a[k].reshape(-1).float().cpu() for k in sorted(b)])
+    vb = torch.cat([b[k].reshape(-1).float().cpu() for k in sorted(b)])
     return float((va - vb).norm() / vb.norm())
 
 

@@ -98,8 +98,9 @@ class GPT(_Cast):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """GPT-2 init from a seeded generator, so every rank builds the same weights."""
-        gen = torch.Generator().manual_seed(seed)
+        """GPT-2 init from a seeded generator on the weights' device, so every rank builds the
+        same weights (and a GPU builds a large model without a trip through host memory)."""
+        gen = torch.Generator(device=self.wte.device).manual_seed(seed)
         std = 0.02
         residual_std = std / math.sqrt(2 * self.cfg.layers)  # GPT-2: scale residual projections
         for name, p in self.named_parameters():
@@ -109,7 +110,7 @@ class GPT(_Cast):
                 p.fill_(1.0)
             else:
                 s = residual_std if name.endswith("proj.weight") else std
-                p.copy_(torch.randn(p.shape, generator=gen) * s)
+                p.copy_(torch.randn(p.shape, generator=gen, device=gen.device) * s)
 
     def set_dtypes(self, storage: torch.dtype, compute: torch.dtype) -> GPT:
         self.to(storage)

@@ -8,7 +8,6 @@ import json
 import os
 import statistics
 import sys
-import time
 import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -18,10 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench import flops, memory, results
+from zerobench import flops, results
 from zerobench.comms import Comms
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.data import SyntheticTokens, micro_batches
+from zerobench.devices import StepTimer, hardware_profile, mfu, peak_memory
 from zerobench.model import GPT
 from zerobench.parallel import topology
 
@@ -68,9 +68,10 @@ class TrialSpec:
 
 def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
     """The model and its engine for this rank (every stage, every precision)."""
-    model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
+    with torch.device(device):  # allocate on the device directly: no host copy of a large model
+        model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
     model.init_weights(spec.train.seed)
-    model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype).to(device)
+    model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
     if spec.parallel.stage == 3:
         from zerobench.zero.stage3 import Stage3Engine as Engine
     else:
@@ -100,55 +101,48 @@ def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, o
 def _measure(spec: TrialSpec, ctx, device) -> dict:
     comms = Comms()
     engine = build_engine(spec, ctx, comms, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     train_steps(engine, spec, ctx, spec.train.warmup)
     comms.ledger.reset()  # count the timed steps only
-    times = []
-    t0 = [0.0]
-
-    def tick(step):
-        sync()
-        times.append(time.perf_counter() - t0[0])
-        t0[0] = time.perf_counter()
-
-    t0[0] = time.perf_counter()
-    losses = train_steps(engine, spec, ctx, spec.train.steps, spec.train.warmup, on_step=tick)
+    timer = StepTimer(device)
+    timer.mark()
+    losses = train_steps(engine, spec, ctx, spec.train.steps, spec.train.warmup, on_step=lambda _: timer.mark())
+    times = timer.times()
     # Mean loss over DP ranks and the worst peak memory over all ranks, on a ledger of their own
     # so the engine's traffic stays clean.
     metrics = Comms()
     loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
     metrics.all_reduce(loss_t, ctx.dp)
     loss_t /= ctx.dp.size
-    peaks = torch.tensor([memory.peak_rss_bytes(), *_cuda_peaks(device)], dtype=torch.float64, device=device)
+    peaks = torch.tensor(peak_memory(device), dtype=torch.float64, device=device)
     metrics.all_reduce(peaks, ctx.world, op=dist.ReduceOp.MAX)
     step_time = statistics.median(times)
     steps = spec.train.steps
     comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
             for k, v in comms.ledger.as_dict().items()}  # fmt: skip
     achieved = flops.step_flops(spec.model, spec.global_batch, spec.parallel.checkpoint_activations) / step_time
+    tflops = achieved / spec.parallel.world_size / 1e12
+    profile = hardware_profile(device)
+    cuda = device.type == "cuda"
     return spec.base_record(
         "measured",
+        hardware=profile,
         **engine.model_state_bytes(),
         step_time_s=step_time,
         step_time_min_s=min(times),
         step_time_max_s=max(times),
         samples_per_s=spec.global_batch / step_time,
         tokens_per_s=spec.global_batch * spec.model.seq / step_time,
-        tflops_per_gpu=achieved / spec.parallel.world_size / 1e12,
+        tflops_per_gpu=tflops,
+        mfu=mfu(tflops, profile),
         peak_rss_bytes=int(peaks[0]),
-        peak_allocated_bytes=int(peaks[1]) if device.type == "cuda" else None,
-        peak_reserved_bytes=int(peaks[2]) if device.type == "cuda" else None,
+        peak_allocated_bytes=int(peaks[1]) if cuda else None,
+        peak_reserved_bytes=int(peaks[2]) if cuda else None,
         comm=comm,
         losses=[float(v) for v in loss_t],
         first_loss=float(loss_t[0]),
         last_loss=float(loss_t[-1]),
+        extra={"fragmentation_bytes": int(peaks[2] - peaks[1])} if cuda else None,
     )
-
-
-def _cuda_peaks(device) -> list[int]:
-    if device.type != "cuda":
-        return [0, 0]
-    return [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)]
 
 
 def classify(exc: BaseException) -> str:
