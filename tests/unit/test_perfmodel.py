@@ -167,3 +167,18 @@ def test_estimate_text():
 def test_perfmodel_never_imports_torch():
     code = "import sys, zerobench.perfmodel.artifacts; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_unaligned_head_size_runs_attention_off_tensor_cores():
+    from zerobench.perfmodel.compute import compute_time
+
+    model = PRESETS["gpt-1.5b"]  # 1600 / 16 = head size 100, not a multiple of 8
+    slow, eff = compute_time(model, 1, 24, 1, True, V100, DEFAULT)
+    fast, _ = compute_time(model, 1, 24, 1, True, dataclasses.replace(V100, tensor_core_align=1), DEFAULT)
+    s, h, v, n = model.seq, model.hidden, model.vocab, model.layers
+    share = (s / (6 * h)) / (1 + s / (6 * h) + v / (16 * n * h))  # QK^T and softmax.V: 9.3% of the FLOPs
+    assert share == pytest.approx(0.093, abs=0.001)
+    extra = step_flops(model, 24, True) * share / eff * (1 / 31.4e12 - 1 / 125e12)
+    assert slow - fast == pytest.approx(extra)
+    aligned = dataclasses.replace(model, heads=20)  # head size 80: aligned, no penalty
+    assert compute_time(aligned, 1, 24, 1, True, V100, DEFAULT)[0] < slow

@@ -12,6 +12,11 @@ Beside the GEMMs, every pass streams the layer's activations through memory-boun
 `elementwise_traffic` × the layer's stored activation bytes (Korthikanti et al. 2022, the same
 count memory_fit.py uses; Megatron replicates the layernorm/dropout part on every MP rank) per
 pass, over HBM bandwidth. This is what makes narrow models and many heads slow.
+
+The attention-score GEMMs (QKᵀ and softmax·V, the s/6h term of the FLOP count) have the head
+size h/a as a dimension. Where it is not a multiple of the hardware's tensor-core alignment (8 on
+V100 with CUDA 10: GPT-2 1.5B's 1600/16 = 100), they run on the CUDA cores at the datasheet
+non-tensor fp16 rate, with the same efficiency.
 """
 
 from __future__ import annotations
@@ -45,7 +50,12 @@ def compute_time(
 ) -> tuple[float, float]:
     """(seconds of compute per step, efficiency used) for one GPU: GEMMs plus memory-bound ops."""
     eff = gemm_efficiency(micro_batch * model.seq, model.hidden / mp, cal)
-    gemm = flops_per_gpu(model, mp, micro_batch, grad_accum, recompute) / (hw.peak_flops * eff)
+    flops = flops_per_gpu(model, mp, micro_batch, grad_accum, recompute)
+    gemm = flops / (hw.peak_flops * eff)
+    if hw.unaligned_flops and (model.hidden // model.heads) % hw.tensor_core_align:
+        s, h, layers, v = model.seq, model.hidden, model.layers, model.vocab
+        share = (s / (6 * h)) / (1 + s / (6 * h) + v / (16 * layers * h))  # attention scores' FLOP share
+        gemm += flops * share / eff * (1 / hw.unaligned_flops - 1 / hw.peak_flops)
     passes = 4 if recompute else 3  # forward, [recomputed forward,] backward (2x forward)
     act = layer_activation_bytes(model, micro_batch, mp, 2)
     elementwise = cal.elementwise_traffic * passes * model.layers * act * grad_accum / hw.hbm_bw

@@ -30,6 +30,10 @@ class HardwareProfile:
     host_bw: float  # GPU <-> host (PCIe) bandwidth per GPU per direction, bytes/s
     intra_latency: float = 5e-6  # α per ring step on NVLink/NVSwitch, s (NCCL typical)
     inter_latency: float = 10e-6  # α per ring step across InfiniBand, s (NCCL typical)
+    # cuBLAS of CUDA 10 uses tensor cores only when every GEMM dimension is a multiple of 8 (fp16);
+    # other GEMMs run on the CUDA cores at `unaligned_flops`. CUDA 11+ pads instead (align 1).
+    tensor_core_align: int = 1
+    unaligned_flops: float | None = None
 
     @property
     def node_ib_bw(self) -> float:
@@ -46,10 +50,12 @@ PROFILES: dict[str, HardwareProfile] = {
     # NVIDIA DGX-2 datasheet: 16 × V100-SXM3-32GB, 2 PFLOPS tensor => 125 TFLOPS per GPU; V100
     # datasheet: HBM2 900 GB/s, 32 GB (= 32 GiB as reported by CUDA); NVSwitch: 6 NVLink2 × 25 GB/s
     # per direction = 150 GB/s (paper: "300 GB/s" bidirectional); 8 × 100 Gb/s EDR ConnectX-5
-    # (paper §6: 12.5 GB/s per link); PCIe Gen3 x16 15.75 GB/s, two GPUs per PCIe switch uplink.
+    # (paper §6: 12.5 GB/s per link); PCIe Gen3 x16 15.75 GB/s, two GPUs per PCIe switch uplink;
+    # the paper's software is CUDA 10.0 (paper §6), hence the alignment rule below.
     "v100-32gb-dgx2": HardwareProfile(
         name="v100-32gb-dgx2", gpu="V100-SXM3-32GB", peak_flops=125e12, memory_bytes=32 * GiB,
         hbm_bw=900e9, gpus_per_node=16, intra_bw=150e9, nic_bw=12.5e9, nics_per_node=8, host_bw=7.9e9,
+        tensor_core_align=8, unaligned_flops=31.4e12,  # V100 datasheet: fp16 without tensor cores = 2 x 15.7 fp32
     ),
     # A100 datasheet (SXM4 80GB): 312 TFLOPS dense bf16, 2039 GB/s HBM2e, 80 GB; NVLink3 600 GB/s
     # bidirectional = 300 per direction; DGX A100: 8 × 200 Gb/s HDR; PCIe Gen4 x16 31.5 GB/s,

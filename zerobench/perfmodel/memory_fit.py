@@ -10,7 +10,8 @@ Per GPU, in bytes (paper §3, §5, §6):
   P_a, and the vocabulary-parallel logits (16-bit logits, fp32 softmax and its gradient);
 - buffers: constant-size fused buckets (C_B; a reduce and an all-gather bucket of `bucket_bytes`)
   and the fp32 copy of the rank's gradient shard that DeepSpeed's stage 1–2 optimizer updates
-  from (4Ψ/(N_m·N_d), the "+4 B/N" of simulators.md §3.2) for ZeRO, or the fp32 flattened
+  from (4Ψ/(N_m·N_d), the "+4 B/N" of simulators.md §3.2; DeepSpeed's own estimator counts it
+  as resident, 2Ψ + 18Ψ/N; counted resident here, see docs/perfmodel.md) for ZeRO, or the fp32 flattened
   gradient buffer of the whole model (4Ψ/N_m) that the baselines'
   fp16 optimizers keep (paper §3.2: 1.5B → 6 GB);
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
@@ -27,7 +28,10 @@ from zerobench.memory import checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.calibration import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
 
-SOFTMAX_BYTES = 4 + 4  # fp32 softmax of the logits and its gradient (Megatron vocab-parallel CE)
+# Megatron's vocab-parallel cross-entropy casts the fp16 logits to fp32 (4 B), exponentiates and
+# normalises them in place and saves them; backward writes the gradient into that same buffer,
+# then casts it to fp16. So at most an fp16 and an fp32 copy coexist: 2 + 4 bytes per logit.
+SOFTMAX_BYTES = 4
 
 
 @dataclass(frozen=True)

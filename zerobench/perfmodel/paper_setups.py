@@ -63,3 +63,5 @@ FIG8 = {
     "dp-10b": (10, 6), "dp-11b": (11, 4), "dp-12b": (12, 4), "dp-13b": (13, 2),
 }  # fmt: skip
 FIG8_DDP = {"ddp-1.16b": (1.16, 8), "ddp-1.38b": (1.38, 1)}
+# Fig 6 (AE Table 4): (size, preset, batch, configs) at 400 GPUs, MP 16
+FIG6_RUNS = ((40, "gpt-40b-c1", 16, tuple(CONFIGS)), (100, "gpt-100b", 32, ("C4", "C5")))

@@ -88,6 +88,7 @@ def predict(
     psi = model.num_params / mp
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal)
     bwd_last = comp / ga * compute.backward_fraction(recompute)
+    hidden = cal.overlap_grad_reduce and parallel.stage >= 2  # P_g reduces buckets during backward (paper §5.2)
     updated = psi / parallel.dp if parallel.stage >= 1 else psi
     return Prediction(
         fits=mem.fits,
@@ -96,7 +97,7 @@ def predict(
         compute_s=comp,
         mp_comm_s=mp_t * ga,
         host_copy_s=host_t * ga,
-        dp_comm_s=max(0.0, reduce_s - (bwd_last if cal.overlap_grad_reduce else 0.0)) + exposed_s,
+        dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s,
         optimizer_s=compute.optimizer_time(updated, hw, cal),
         overhead_s=cal.step_overhead_s,
         efficiency=eff,
