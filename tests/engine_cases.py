@@ -12,12 +12,15 @@ from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, prese
 from zerobench.data import SyntheticTokens
 from zerobench.model import GPT
 from zerobench.parallel import topology
+from zerobench.parallel.tensor_parallel import gather_full
 from zerobench.run import TrialSpec, build_engine, train_steps
 
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
 
 
-def spec_for(model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, device="cpu", **parallel) -> TrialSpec:
+def spec_for(
+    model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, device="cpu", **parallel
+) -> TrialSpec:
     parallel.setdefault("bucket_bytes", SMALL_BUCKET)
     return TrialSpec(
         model=preset(model),
@@ -27,16 +30,20 @@ def spec_for(model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=
     )
 
 
-def engine_run(rank: int, spec: TrialSpec) -> dict:
-    """Train `spec` on this rank; return what the tests compare."""
+def engine_run(rank: int, spec: TrialSpec, probe=None) -> dict:
+    """Train `spec` on this rank; return what the tests compare. `probe(engine)`, if given, is
+    called after every step and its answers are returned under "probes"."""
     ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
     comms = Comms()
     engine = build_engine(spec, ctx, comms, torch.device(spec.precision.device))
     state_before = engine.model_state_bytes()
-    losses = train_steps(engine, spec, ctx, spec.train.steps)
+    probes = []
+    on_step = (lambda step: probes.append(probe(engine))) if probe else None
+    losses = train_steps(engine, spec, ctx, spec.train.steps, on_step=on_step)
     layout = engine.layout
     return {
-        "params": engine.full_parameters(),
+        "probes": probes,
+        "params": whole_parameters(engine, ctx),
         "losses": losses,
         "volume": {k: v["volume_elements"] for k, v in comms.ledger.as_dict().items()},
         "calls": {k: v["calls"] for k, v in comms.ledger.as_dict().items()},
@@ -47,6 +54,14 @@ def engine_run(rank: int, spec: TrialSpec) -> dict:
         "shard": layout.shard_numel,
         "buckets": len(layout.buckets),
     }
+
+
+def whole_parameters(engine, ctx) -> dict:
+    """The engine's parameters as the single-process model holds them: with MP, every rank's
+    slices gathered over its MP group."""
+    if ctx.mp.size == 1:
+        return engine.full_parameters()
+    return gather_full(engine.full_parameters(), engine.model, engine.model.tp)
 
 
 def reference_run(spec: TrialSpec) -> dict:

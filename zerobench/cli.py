@@ -4,8 +4,11 @@ plot, report (results/ and figures/ from records). See design.md for the interfa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import sys
+from pathlib import Path
 
 from zerobench.config import (
     ZERO_CONFIGS,
@@ -39,6 +42,7 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--offload-activations", action="store_true", help="P_a+cpu: checkpoints to host")
     g.add_argument("--contiguous-buffers", action="store_true", help="M_D: preallocated contiguous buffers")
     g.add_argument("--prefetch-mb", type=float, default=50.0, help="stage 3: gathered bytes in flight")
+    g.add_argument("--max-live-mb", type=float, default=8192.0, help="stage 3: gathered bytes alive at once")
     g.add_argument("--persistence-threshold", type=int, default=0, help="stage 3: keep tensors this small whole")
 
 
@@ -73,6 +77,8 @@ def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainCo
     dp = args.dp
     gpus = getattr(args, "gpus", None)
     if gpus is not None:
+        if args.mp < 1:  # before `gpus % mp` below
+            raise ConfigError(f"mp={args.mp}: must be an integer >= 1")
         if gpus < 1 or gpus % args.mp:
             raise ConfigError(f"gpus={gpus}: must be a positive multiple of mp ({args.mp})")
         if dp is not None and dp * args.mp != gpus:
@@ -93,6 +99,7 @@ def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainCo
         mp=args.mp,
         bucket_bytes=_mib(args.bucket_mb, "bucket_mb"),
         prefetch_bytes=_mib(args.prefetch_mb, "prefetch_mb"),
+        max_live_bytes=_mib(args.max_live_mb, "max_live_mb"),
         persistence_threshold=args.persistence_threshold,
         **zero,
     )
@@ -110,18 +117,103 @@ def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainCo
 
 
 def _mib(value: float, field: str) -> int:
-    if not value > 0:
-        raise ConfigError(f"{field}={value!r}: must be > 0")
+    if not 0 < value < math.inf:
+        raise ConfigError(f"{field}={value!r}: must be a finite number > 0")
     return max(1, int(value * MiB))
 
 
-def cmd_run(args) -> int:
-    from zerobench.run import TrialSpec, run_trial
+def _trial_spec(args):
+    from zerobench.run import TrialSpec
 
     model, parallel, precision, train = configs(args)
-    record = run_trial(TrialSpec(model, parallel, precision, train, out=args.out, timeout_s=args.timeout))
+    cap = _mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
+    return TrialSpec(
+        model, parallel, precision, train, args.out, args.timeout, data=args.data, mem_cap_bytes=cap,
+        resume=args.resume, save=args.save,
+    )  # fmt: skip
+
+
+def cmd_run(args) -> int:
+    if args.time_limit:
+        configs(args)  # refuse a bad configuration here, without importing torch in this process
+        record = _run_with_time_limit(args, args.time_limit)
+    else:
+        from zerobench.run import run_trial
+
+        record = run_trial(_trial_spec(args))
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
+
+
+def _run_with_time_limit(args, limit: float) -> dict:
+    """This same command in a child process; past `limit` seconds it is killed with the launcher
+    and every rank, and the record says `timeout`."""
+    import os
+    import signal
+    import subprocess
+
+    from zerobench.results import read_record, write_record
+
+    if not args.out:
+        raise ConfigError("time_limit: needs --out (the record is written there)")
+    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *args.argv, "--time-limit", "0"])
+    try:
+        child.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        for pid in _process_tree(child.pid):  # the launcher starts each rank in a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child.wait()
+        error = f"over the time limit of {limit:g} s"
+        write_record(_trial_spec(args).base_record("measured", status="timeout", error=error), args.out)
+    if not os.path.exists(args.out):
+        error = f"exit code {child.returncode}"
+        write_record(_trial_spec(args).base_record("measured", status="error", error=error), args.out)
+    return read_record(args.out)
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and all its descendants, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    return tree
+
+
+def _write_infeasible(args, exc: ConfigError) -> None:
+    """A layout that cannot run is a result row (status infeasible), not a crash."""
+    from zerobench.results import new_record, write_record
+
+    source = {"run": "measured", "trace": "traced", "model": "modelled"}[args.command]
+    fields = {k: getattr(args, k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch")}
+    write_record(new_record(source, status="infeasible", error=str(exc), **fields), args.out)
+
+
+def cmd_table(args) -> int:
+    from zerobench.tables import build
+
+    build(args.kind, args.records).to_csv(args.out, index=False)
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from zerobench.plots import plot
+
+    plot(args.kind, args.table, args.out, args.title)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from zerobench.report import write_report
+
+    write_report(args.sheets, args.tables, args.out)
+    return 0
 
 
 def cmd_trace(args) -> int:
@@ -167,6 +259,32 @@ def cmd_presets(args) -> int:
     return 0
 
 
+def cmd_peers(args) -> int:
+    from zerobench.peers.common import IMPLEMENTATIONS
+    from zerobench.peers.runner import run_peers, write_csv
+    from zerobench.peers.summary import peers_markdown, plot_peers
+    from zerobench.run import TrialSpec
+
+    model, parallel, precision, train = configs(args)
+    if precision.mode != "fp32" or precision.device != "cpu":
+        raise ConfigError(f"precision={precision.mode}/{precision.device}: the peers compare fp32 on cpu")
+    if train.grad_accum != 1:
+        raise ConfigError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
+    impls = args.impls.split(",") if args.impls else [
+        i for i, (_, stage) in IMPLEMENTATIONS.items() if args.stage is None or stage == args.stage
+    ]  # fmt: skip
+    unknown = [i for i in impls if i not in IMPLEMENTATIONS]
+    if unknown:
+        raise ConfigError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
+    spec = TrialSpec(model, parallel, precision, train, timeout_s=args.timeout)
+    rows = run_peers(spec, impls)
+    write_csv(rows, args.out)
+    if args.figure:
+        plot_peers(args.out, args.figure)
+    print(peers_markdown(args.out))
+    return 0 if all(r["status"] in ("ok", "skipped") for r in rows) else 1
+
+
 def _summarise(record: dict) -> None:
     keys = (
         *("source", "status", "error", "model", "num_params", "dp", "mp", "stage", "step_time_s"),
@@ -182,7 +300,12 @@ def parser() -> argparse.ArgumentParser:
     for add in (_model_args, _parallel_args, _train_args):
         add(run)
     run.add_argument("--out", help="write the record here (JSON)")
-    run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
+    run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective (or a step) may wait")
+    run.add_argument("--save", metavar="DIR", help="write a sharded checkpoint here after the timed steps")
+    run.add_argument("--resume", metavar="DIR", help="load this checkpoint (any dp, stage) and continue from it")
+    run.add_argument("--data", default="synthetic", help="synthetic, or a text file / shipped corpus (byte tokens)")
+    run.add_argument("--mem-cap-mb", type=float, help="per-rank budget (MiB); exceeding it is status oom")
+    run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
     for add in (_model_args, _parallel_args, _train_args):
@@ -202,15 +325,43 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--out", help="write the record here (JSON)")
         s.set_defaults(fn=fn)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
+    for add in (_model_args, _parallel_args, _train_args):
+        add(peers)
+    peers.add_argument("--impls", help="comma-separated implementations (default: all, or those of --stage)")
+    peers.add_argument("--out", default="results/peers.csv", help="CSV to write")
+    peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
+    peers.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
+    peers.set_defaults(fn=cmd_peers)
+    table = sub.add_parser("table", help="records (or a modelled artifact) -> one artifact's CSV")
+    table.add_argument("kind", help="memory, comm, loss, capacity, table1, or a modelled artifact (fig2, ...)")
+    table.add_argument("records", nargs="*", help="record JSON files")
+    table.add_argument("--out", required=True, help="CSV to write")
+    table.set_defaults(fn=cmd_table)
+    plot = sub.add_parser("plot", help="an artifact's CSV -> PNG, with the paper's points overlaid")
+    plot.add_argument("kind", help="as for `table`")
+    plot.add_argument("table", help="the artifact's CSV")
+    plot.add_argument("--title", default="")
+    plot.add_argument("--out", required=True, help="PNG to write")
+    plot.set_defaults(fn=cmd_plot)
+    report = sub.add_parser("report", help="REPORT.md: the paper's numbers beside ours, error and verdict")
+    report.add_argument("sheets", nargs="+", help="workflow sheets (YAML), one per artifact")
+    report.add_argument("--tables", nargs="+", required=True, help="results/<artifact>.csv, as named by the sheets")
+    report.add_argument("--out", required=True)
+    report.set_defaults(fn=cmd_report)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return args.fn(args)
     except ConfigError as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
+        if args.command in ("run", "trace", "model") and args.out:
+            _write_infeasible(args, exc)
+            return 0
         return 2
 
 

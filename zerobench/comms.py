@@ -129,6 +129,16 @@ class Comms:
             async_op,
         )
 
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
+        """A host↔device copy (`op` is copy_to_host or copy_to_device; P_a+cpu, paper §6.1), counted
+        under the group "host": its volume is the bytes moved, on a CPU-only run as on a GPU."""
+        if op not in ("copy_to_host", "copy_to_device"):
+            raise ValueError(f"op={op!r}: must be copy_to_host or copy_to_device")
+        entry = self.ledger.record(op, "host", src.numel(), src.element_size(), 1)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        entry.seconds += time.perf_counter() - t0
+
     def broadcast(self, t: torch.Tensor, src_rank_in_group: int, group: Group) -> Handle:
         src = dist.get_global_rank(group.pg, src_rank_in_group) if group.size > 1 else 0
         return self._issue("broadcast", group, t.numel(), t, lambda a: dist.broadcast(t, src, group=group.pg), False)

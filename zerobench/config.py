@@ -8,6 +8,7 @@ names the field and the rule it broke.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 GPT2_VOCAB = 50257  # GPT-2 BPE vocabulary, used by every paper model (paper.md §1.5)
@@ -20,6 +21,13 @@ class ConfigError(ValueError):
 def _require(ok: bool, field: str, rule: str, value) -> None:
     if not ok:
         raise ConfigError(f"{field}={value!r}: {rule}")
+
+
+def _finite(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        real = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _require(real and math.isfinite(value), name, "must be a finite number", value)
 
 
 def _positive_ints(obj, *names: str) -> None:
@@ -163,6 +171,7 @@ class PrecisionConfig:
     def __post_init__(self):
         _require(self.mode in _PRECISIONS, "precision", f"must be one of {list(_PRECISIONS)}", self.mode)
         _require(self.device in ("cpu", "cuda"), "device", "must be 'cpu' or 'cuda'", self.device)
+        _finite(self, "initial_loss_scale")
         _require(self.initial_loss_scale > 0, "initial_loss_scale", "must be > 0", self.initial_loss_scale)
         _positive_ints(self, "loss_scale_window")
 
@@ -200,12 +209,17 @@ class ParallelConfig:
     offload_activations: bool = False  # P_a+cpu: partitioned checkpoints moved to host memory
     contiguous_buffers: bool = False  # M_D: checkpoints and gradients in preallocated buffers
     prefetch_bytes: int = 50 * 2**20  # stage 3: gathered-parameter bytes allowed in flight ahead
+    max_live_bytes: int = 2**33  # stage 3: gathered-parameter bytes alive at once, in use and prefetched
     persistence_threshold: int = 0  # stage 3: tensors of <= this many elements stay whole
 
     def __post_init__(self):
-        _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes")
-        _require(self.stage in (0, 1, 2, 3), "stage", "must be 0, 1, 2 or 3", self.stage)
-        _require(self.persistence_threshold >= 0, "persistence_threshold", "must be >= 0", self.persistence_threshold)
+        _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes", "max_live_bytes")
+        _require(type(self.stage) is int and self.stage in (0, 1, 2, 3), "stage", "must be 0, 1, 2 or 3", self.stage)
+        threshold = self.persistence_threshold
+        rule = "must be an integer >= 0"
+        _require(type(threshold) is int and threshold >= 0, "persistence_threshold", rule, threshold)
+        for name in ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers"):
+            _require(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
         if self.partition_activations or self.offload_activations:
             _require(
                 self.checkpoint_activations,
@@ -245,7 +259,12 @@ class TrainConfig:
     def __post_init__(self):
         _positive_ints(self, "micro_batch", "grad_accum", "steps")
         _require(isinstance(self.warmup, int) and self.warmup >= 0, "warmup", "must be an integer >= 0", self.warmup)
+        _finite(self, "lr", "eps", "weight_decay", "clip_norm")
+        seed_ok = type(self.seed) is int and 0 <= self.seed < 2**32  # SyntheticTokens seeds with seed·10⁶ + step
+        _require(seed_ok, "seed", "must be an integer in [0, 2**32)", self.seed)
         _require(self.lr > 0, "lr", "must be > 0", self.lr)
+        pair = isinstance(self.betas, tuple) and len(self.betas) == 2
+        _require(pair and all(type(b) in (int, float) for b in self.betas), "betas", "must be two numbers", self.betas)
         _require(all(0 <= b < 1 for b in self.betas), "betas", "each must be in [0, 1)", self.betas)
         _require(self.eps > 0, "eps", "must be > 0", self.eps)
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)

@@ -10,6 +10,7 @@ import statistics
 import sys
 import traceback
 import uuid
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -17,13 +18,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench import flops, results
+from zerobench import checkpoint, faults, flops, memory, results
 from zerobench.comms import Comms
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.data import SyntheticTokens, micro_batches
+from zerobench.data import micro_batches, token_source
 from zerobench.devices import StepTimer, hardware_profile, mfu, peak_memory
 from zerobench.model import GPT
 from zerobench.parallel import topology
+from zerobench.parallel.tensor_parallel import TensorParallel
+from zerobench.zero.activations import CheckpointStore
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,10 @@ class TrialSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     out: str | None = None
     timeout_s: float = 1800.0  # a collective that waits longer than this fails the trial
+    data: str = "synthetic"  # token source: "synthetic" or a text corpus (zerobench.data.token_source)
+    mem_cap_bytes: int | None = None  # per-rank memory budget; a trial that would exceed it is status oom
+    resume: str | None = None  # a checkpoint to load first; steps continue from its data position
+    save: str | None = None  # where to write a checkpoint after the timed steps (zerobench.checkpoint)
 
     def __post_init__(self):
         self.parallel.check_model(self.model)
@@ -44,6 +51,7 @@ class TrialSpec:
 
     def base_record(self, source: str, **fields) -> dict:
         p = self.parallel
+        extra = {"data": self.data, "mem_cap_bytes": self.mem_cap_bytes, **(fields.pop("extra", None) or {})}
         return results.new_record(
             source,
             **results.model_fields(self.model),
@@ -63,13 +71,17 @@ class TrialSpec:
             global_batch=self.global_batch,
             steps=self.train.steps,
             **fields,
+            extra=extra,
         )
 
 
 def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
     """The model and its engine for this rank (every stage, every precision)."""
+    par = spec.parallel
+    tp = TensorParallel(ctx.mp, comms) if ctx.mp.size > 1 else None  # mp = 1: the single-process model
+    store = CheckpointStore.for_config(par, spec.model.layers, ctx.mp, comms) if par.checkpoint_activations else None
     with torch.device(device):  # allocate on the device directly: no host copy of a large model
-        model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
+        model = GPT(spec.model, checkpoint_activations=par.checkpoint_activations, tp=tp, checkpoints=store)
     model.init_weights(spec.train.seed)
     model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
     if spec.parallel.stage == 3:
@@ -81,9 +93,10 @@ def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, d
 
 def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
     """Run `steps` optimizer steps; returns this rank's mean micro-batch loss of each step."""
-    data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
+    data = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed)
     losses = []
     for step in range(first_step, first_step + steps):
+        faults.at_step(step, ctx.rank)  # watchdog progress; the injected fault, if any
         tokens = data.global_batch(step, spec.global_batch).to(engine.device)
         total = 0.0
         mbs = list(micro_batches(tokens, spec.train.grad_accum, ctx.dp.size, ctx.dp.rank))
@@ -98,22 +111,52 @@ def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, o
     return losses
 
 
+def _rss_baseline() -> int:
+    """Reset this process's peak-RSS mark to its current RSS (Linux clear_refs) and return that RSS,
+    so peak - baseline is what the trial itself added (the ~250 MB of torch runtime left out)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux or not permitted: the peak then also counts import-time transients
+        pass
+    return memory.current_rss_bytes()
+
+
+def _check_cap(spec: TrialSpec, used: float, what: str) -> str | None:
+    """The oom message when `used` bytes per rank exceed the trial's memory cap, else None."""
+    if spec.mem_cap_bytes is None or used <= spec.mem_cap_bytes:
+        return None
+    return f"{what} {used / 2**20:.1f} MiB per rank exceed the cap of {spec.mem_cap_bytes / 2**20:.1f} MiB"
+
+
 def _measure(spec: TrialSpec, ctx, device) -> dict:
+    rss_base = _rss_baseline()
     comms = Comms()
     engine = build_engine(spec, ctx, comms, device)
-    train_steps(engine, spec, ctx, spec.train.warmup)
+    if spec.mem_cap_bytes is not None:  # model states alone over the cap: stop before training (every rank)
+        states = torch.tensor([float(sum(engine.model_state_bytes().values()))], dtype=torch.float64, device=device)
+        Comms().all_reduce(states, ctx.world, op=dist.ReduceOp.MAX)
+        if message := _check_cap(spec, float(states), "model states"):
+            raise MemoryError(message)
+    first = checkpoint.load(engine, spec.resume)["data_position"] if spec.resume else 0
+    train_steps(engine, spec, ctx, spec.train.warmup, first)
     comms.ledger.reset()  # count the timed steps only
     timer = StepTimer(device)
     timer.mark()
-    losses = train_steps(engine, spec, ctx, spec.train.steps, spec.train.warmup, on_step=lambda _: timer.mark())
+    first += spec.train.warmup
+    losses = train_steps(engine, spec, ctx, spec.train.steps, first, on_step=lambda _: timer.mark())
     times = timer.times()
+    if spec.save:
+        end = first + spec.train.steps
+        checkpoint.save(engine, end, end, spec.save, config=spec_to_dict(spec))
     # Mean loss over DP ranks and the worst peak memory over all ranks, on a ledger of their own
     # so the engine's traffic stays clean.
     metrics = Comms()
     loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
     metrics.all_reduce(loss_t, ctx.dp)
     loss_t /= ctx.dp.size
-    peaks = torch.tensor(peak_memory(device), dtype=torch.float64, device=device)
+    peak = peak_memory(device)
+    peaks = torch.tensor([*peak, peak[0] - rss_base], dtype=torch.float64, device=device)
     metrics.all_reduce(peaks, ctx.world, op=dist.ReduceOp.MAX)
     step_time = statistics.median(times)
     steps = spec.train.steps
@@ -123,10 +166,16 @@ def _measure(spec: TrialSpec, ctx, device) -> dict:
     tflops = achieved / spec.parallel.world_size / 1e12
     profile = hardware_profile(device)
     cuda = device.type == "cuda"
+    store = getattr(engine.model, "checkpoints", None)  # activation checkpoints (ZeRO-R P_a, P_a+cpu)
+    # what the cap is checked against: memory the trial added on CPU, peak allocated on GPU
+    over = _check_cap(spec, float(peaks[1] if cuda else peaks[3]), "peak allocated" if cuda else "peak RSS growth")
     return spec.base_record(
         "measured",
+        status="oom" if over else "ok",
+        error=over,
         hardware=profile,
         **engine.model_state_bytes(),
+        activation_bytes=store.peak_device_bytes if store else None,  # peak checkpoint bytes on the device
         step_time_s=step_time,
         step_time_min_s=min(times),
         step_time_max_s=max(times),
@@ -141,7 +190,11 @@ def _measure(spec: TrialSpec, ctx, device) -> dict:
         losses=[float(v) for v in loss_t],
         first_loss=float(loss_t[0]),
         last_loss=float(loss_t[-1]),
-        extra={"fragmentation_bytes": int(peaks[2] - peaks[1])} if cuda else None,
+        extra={
+            "rss_growth_bytes": int(peaks[3]),
+            **({"checkpoint_host_bytes": store.peak_host_bytes} if store else {}),
+            **({"fragmentation_bytes": int(peaks[2] - peaks[1])} if cuda else {}),
+        },
     )
 
 
@@ -155,8 +208,9 @@ def classify(exc: BaseException) -> str:
     return "error"
 
 
-def worker(spec_dict: dict) -> None:
-    """Entry point of every rank (under our launcher, torchrun or srun)."""
+def worker(spec_dict: dict) -> str:
+    """Entry point of every rank (under our launcher, torchrun or srun); returns this rank's status.
+    With several ranks a watchdog ends a rank that makes no progress for `timeout_s` (faults.py)."""
     spec = spec_from_dict(spec_dict)
     world = spec.parallel.world_size
     cuda = spec.precision.device == "cuda"
@@ -166,16 +220,25 @@ def worker(spec_dict: dict) -> None:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=spec.timeout_s))
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    def expired(step: int) -> None:
+        error = f"no progress for {spec.timeout_s:g} s at step {step}: a rank died or hung, or a collective stalled"
+        if spec.out:
+            results.write_record(spec.base_record("measured", status="timeout", error=error), spec.out)
+
     try:
-        ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
-        try:
-            record = _measure(spec, ctx, device)
-        except Exception as exc:  # every rank reports; rank 0 writes
-            record = spec.base_record("measured", status=classify(exc), error=_short(exc))
-            if record["status"] == "error":
-                traceback.print_exc()
-        if ctx.rank == 0 and spec.out:
-            results.write_record(record, spec.out)
+        with faults.watchdog(spec.timeout_s, rank, expired) if world > 1 else nullcontext():
+            ctx = topology.build(spec.parallel.dp, spec.parallel.mp, timedelta(seconds=spec.timeout_s))
+            try:
+                record = _measure(spec, ctx, device)
+            except Exception as exc:  # every rank reports; rank 0 writes
+                record = spec.base_record("measured", status=classify(exc), error=_short(exc))
+                if record["status"] == "error":
+                    traceback.print_exc()
+            if ctx.rank == 0 and spec.out:
+                results.write_record(record, spec.out)
+        return record["status"]
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -198,6 +261,10 @@ def spec_from_dict(d: dict) -> TrialSpec:
         train=TrainConfig(**train),
         out=d["out"],
         timeout_s=d["timeout_s"],
+        data=d.get("data", "synthetic"),
+        mem_cap_bytes=d.get("mem_cap_bytes"),
+        resume=d.get("resume"),
+        save=d.get("save"),
     )
 
 
@@ -243,10 +310,15 @@ def _launch(spec: TrialSpec) -> None:
     try:  # each rank runs `python -m zerobench.run SPEC`, as torchrun would start it
         elastic_launch(config, sys.executable)("-m", "zerobench.run", str(spec_file))
     except ChildFailedError as exc:
+        if Path(spec.out).exists():  # rank 0 wrote why before the launcher stopped the ranks
+            return
         first = next(iter(exc.failures.values()))
+        watchdog = any(f.exitcode == faults.WATCHDOG_EXIT for f in exc.failures.values())
         results.write_record(
             spec.base_record(
-                "measured", status="error", error=f"rank {first.local_rank} failed: {first.message}"[:500]
+                "measured",
+                status="timeout" if watchdog else "error",
+                error=f"rank {first.local_rank} exited with status {first.exitcode} before a record was written",
             ),
             spec.out,
         )
@@ -255,4 +327,5 @@ def _launch(spec: TrialSpec) -> None:
 
 
 if __name__ == "__main__":
-    worker(json.loads(Path(sys.argv[1]).read_text()))
+    # a failed rank exits non-zero, so the launcher stops the others instead of waiting on them
+    sys.exit(0 if worker(json.loads(Path(sys.argv[1]).read_text())) == "ok" else 1)

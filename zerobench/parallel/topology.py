@@ -4,6 +4,7 @@ inside one node, and DP groups across them. Groups are values handed to whoever 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -34,8 +35,9 @@ def single_process() -> ParallelContext:
     return ParallelContext(dp=Group("dp", **one), mp=Group("mp", **one), world=Group("world", **one))
 
 
-def build(dp: int, mp: int) -> ParallelContext:
-    """Create the groups of a dp × mp world; every rank must call this (new_group is collective)."""
+def build(dp: int, mp: int, timeout: timedelta | None = None) -> ParallelContext:
+    """Create the groups of a dp × mp world; every rank must call this (new_group is collective).
+    `timeout` bounds how long a collective on these groups may wait (torch's default otherwise)."""
     if not dist.is_initialized():
         if dp * mp != 1:
             raise RuntimeError(f"dp × mp = {dp * mp} ranks requested but torch.distributed is not initialized")
@@ -51,7 +53,7 @@ def build(dp: int, mp: int) -> ParallelContext:
     }
     for name, rank_lists in layouts.items():
         for ranks in rank_lists:
-            pg = dist.new_group(ranks) if len(ranks) > 1 else None
+            pg = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
             if rank in ranks:
                 mine[name] = Group(name, len(ranks), ranks.index(rank), pg)
     world = Group("world", world_size, rank, dist.group.WORLD if world_size > 1 else None)

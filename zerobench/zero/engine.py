@@ -23,6 +23,7 @@ import torch
 
 from zerobench.comms import Comms
 from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.parallel.tensor_parallel import counted_ranges
 from zerobench.parallel.topology import ParallelContext
 from zerobench.zero.optimizer import LossScaler, ShardedAdam, clip_, global_grad_norm
 from zerobench.zero.partition import FlatLayout
@@ -33,6 +34,8 @@ MAX_IN_FLIGHT = 2  # buckets whose reduction may be outstanding at once
 class ZeroEngine:
     """Wraps a model built by `zerobench.model`; owns its parameters, gradients and optimizer."""
 
+    STAGES = (0, 1, 2)  # Stage3Engine (stage3.py) reuses this class's gradient path and step
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -42,8 +45,8 @@ class ZeroEngine:
         train: TrainConfig,
         comms: Comms,
     ):
-        if parallel.stage not in (0, 1, 2):
-            raise ValueError(f"stage={parallel.stage}: ZeroEngine runs stages 0-2; use Stage3Engine")
+        if parallel.stage not in self.STAGES:
+            raise ValueError(f"stage={parallel.stage}: {type(self).__name__} runs stages {self.STAGES}")
         self.model, self.ctx, self.parallel, self.train, self.comms = model, ctx, parallel, train, comms
         self.stage = parallel.stage
         dp = ctx.dp
@@ -51,13 +54,8 @@ class ZeroEngine:
         named = list(model.named_parameters())
         self.params = [p for _, p in named]
         self.device = dev = self.params[0].device
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        self.layout = FlatLayout([(n, tuple(p.shape)) for n, p in named], dp.size, parallel.bucket_bytes // elem)
-        self.flat_param = torch.zeros(self.layout.padded_numel, dtype=self.dtype, device=dev)
-        for p, slot in zip(self.params, self.layout.slots):
-            view = self.flat_param[slot.offset : slot.offset + slot.numel]
-            view.copy_(p.detach().reshape(-1))
-            p.data = view.view(slot.shape)
+        self.layout = self._make_layout(named)
+        self._place_parameters()
 
         # The pieces this rank updates: whole buckets at stage 0, its chunk of each at stages 1–2.
         if self.stage == 0:
@@ -70,10 +68,15 @@ class ZeroEngine:
         else:
             self.grad_shard = torch.zeros(self.layout.shard_numel, dtype=self.dtype, device=dev)
             self.grad_pieces = list(self.grad_shard.split([b.chunk for b in self.layout.buckets]))
-        self.optimizer = ShardedAdam([self.flat_param[lo:hi] for lo, hi in self.owned], train)
+        self.optimizer = ShardedAdam(self._param_pieces(), train)
         self.scaler = LossScaler(precision.loss_scaling, precision.initial_loss_scale, precision.loss_scale_window)
         # The gradient is partitioned across DP from stage 1 on, so norms and overflow flags sum there.
         self.shard_groups = [dp] if self.stage >= 1 else []
+        # MP ranks hold different slices (paper's N_d × N_m): norms and overflow flags sum over MP
+        # too, counting replicated parameters on MP rank 0 only (None: count every element).
+        self.shard_groups.append(ctx.mp)
+        mp = ctx.mp
+        self._counted = counted_ranges(self.layout.slots, self.owned, self.params, mp.rank) if mp.size > 1 else None
 
         self._staging: dict[int, torch.Tensor] = {}
         self._pending: list[int] = []
@@ -82,10 +85,28 @@ class ZeroEngine:
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
 
+    def _make_layout(self, named: list[tuple[str, torch.Tensor]]) -> FlatLayout:
+        """Parameters packed in order into buckets of C_B bytes."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        shapes = [(n, tuple(p.shape)) for n, p in named]
+        return FlatLayout(shapes, self.ctx.dp.size, self.parallel.bucket_bytes // elem)
+
+    def _place_parameters(self) -> None:
+        """Move every parameter into one flat buffer; from here on they are views of it."""
+        self.flat_param = torch.zeros(self.layout.padded_numel, dtype=self.dtype, device=self.device)
+        for p, slot in zip(self.params, self.layout.slots):
+            view = self.flat_param[slot.offset : slot.offset + slot.numel]
+            view.copy_(p.detach().reshape(-1))
+            p.data = view.view(slot.shape)
+
+    def _param_pieces(self) -> list[torch.Tensor]:
+        """The parameter storage this rank's optimizer updates, one piece per bucket (`owned`)."""
+        return [self.flat_param[lo:hi] for lo, hi in self.owned]
+
     # -- backward -------------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         """Backward of one micro-batch's mean loss, scaled by 1/grad_accum (and the loss scale)."""
-        self._reduce_now = last_micro_batch or self.stage == 2
+        self._reduce_now = last_micro_batch or self.stage >= 2
         self._pending = [len(b.slots) for b in self.layout.buckets]
         (loss * (self.scaler.scale / self.train.grad_accum)).backward()
         self._drain(0)
@@ -128,7 +149,7 @@ class ZeroEngine:
         dst = self.grad_pieces[bucket.index]
         out = torch.empty(bucket.chunk, dtype=self.dtype, device=self.device)
         handle = self.comms.reduce_scatter(out, src, dp, async_op=True)
-        accumulate = self.stage == 2  # stage 2 reduces every micro-batch into its shard
+        accumulate = self.stage >= 2  # stages 2 and 3 reduce every micro-batch into their shard
 
         def finish(out=out, dst=dst):
             out.div_(dp.size)
@@ -154,12 +175,19 @@ class ZeroEngine:
         overflow = self.scaler.found_overflow(grads, self.comms, self.shard_groups)
         self.scaler.update(overflow)
         if not overflow:
-            self.last_grad_norm = float(global_grad_norm(grads, self.comms, self.shard_groups))
-            clip_(grads, torch.tensor(self.last_grad_norm), self.train.clip_norm)
+            counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
+            # kept a tensor: a traced step (FakeTensorMode, zerobench/trace.py) has no value to read
+            self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+            clip_(grads, self.last_grad_norm, self.train.clip_norm)
             self.optimizer.step(grads)
             self._sync_params()
         self._zero_grads()
         return not overflow
+
+    def sync_parameters(self) -> None:
+        """Bring every rank's parameters up to date after the owned pieces were overwritten from
+        outside the step (a checkpoint load)."""
+        self._sync_params()
 
     def _sync_params(self) -> None:
         if self.stage == 0:
@@ -177,11 +205,14 @@ class ZeroEngine:
         return {name: p.detach().float().clone() for name, p in self.model.named_parameters()}
 
     # -- accounting -----------------------------------------------------------------------------
+    def _param_bytes(self) -> int:
+        return self.flat_param.numel() * self.flat_param.element_size()
+
     def model_state_bytes(self) -> dict[str, int]:
         """Bytes of the model states this rank holds, from the tensors themselves."""
         grads = self.flat_grad if self.stage <= 1 else self.grad_shard
         return {
-            "param_bytes": self.flat_param.numel() * self.flat_param.element_size(),
+            "param_bytes": self._param_bytes(),
             "grad_bytes": grads.numel() * grads.element_size(),
             "optimizer_bytes": self.optimizer.state_bytes(),
         }

@@ -8,6 +8,7 @@ The update is torch's own functional Adam (`torch.optim.adam.adam`), so it match
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.optim.adam import adam
 
 from zerobench.comms import Comms
@@ -62,6 +63,10 @@ class ShardedAdam:
             eps=t.eps,
             maximize=False,
         )
+        self.write_back()
+
+    def write_back(self) -> None:
+        """Copy the fp32 master into the 16-bit parameter pieces (nothing to do in fp32)."""
         if self.mixed:
             for p, m in zip(self.params, self.master):
                 p.copy_(m)
@@ -102,13 +107,11 @@ class LossScaler:
         if not self.enabled:
             return False
         flag = torch.zeros(1, device=grads[0].device)
-        for g in grads:
-            if not torch.isfinite(g).all():
-                flag.fill_(1.0)
-                break
+        for g in grads:  # no branch on the values, so a traced step (FakeTensorMode) runs it too
+            flag.add_(torch.isfinite(g).all().logical_not())
         for group in groups:  # every rank must agree to skip
             comms.all_reduce(flag, group, op=torch.distributed.ReduceOp.MAX)
-        return bool(flag.item())
+        return False if isinstance(flag, FakeTensor) else bool(flag.item())  # traced: no overflow
 
     def update(self, overflow: bool) -> None:
         if not self.enabled:
