@@ -1,0 +1,123 @@
+"""The traced step (zerobench/trace.py) and Table 1 from three routes (zerobench/table1.py)."""
+
+from decimal import Decimal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.engine_cases import spec_for
+from zerobench import memory
+from zerobench.table1 import MODELS, printed, table1, traced_state_bytes
+from zerobench.trace import StorageCounter, fake_mode, fake_world, trace_record, trace_states, trace_step
+
+
+def test_counter_files_bytes_by_category_and_keeps_the_peak():
+    with fake_mode(), StorageCounter() as c:
+        c.phase = "activation"
+        a = torch.empty(1000)  # 4000 bytes
+        c.tag([a], "param")
+        view = a[10:20]  # no new storage
+        c.phase = "temporary"
+        b = torch.empty(250, dtype=torch.float64)  # 2000 bytes
+        assert c.bytes["param"] == 4000 and c.bytes["temporary"] == 2000 and c.total == 6000
+        del b
+        assert c.bytes["temporary"] == 0 and c.peak == 6000
+        assert c.peak_bytes["temporary"] == 2000
+        del view
+    assert c.bytes["param"] == 4000  # `a` is alive
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_state_bytes_are_the_engines_and_the_formula(stage):
+    dp = 4
+    spec = spec_for("awkward", precision="bf16", dp=dp, stage=stage, micro_batch=1)
+    out = trace_step(spec)
+    got = out["bytes"]
+    assert {"param_bytes": got["param"], "grad_bytes": got["grad"], "optimizer_bytes": got["optimizer"]} == out[
+        "engine_state_bytes"
+    ]
+    assert trace_states(spec) == {k: got[k] for k in ("param", "grad", "optimizer")}  # a step changes none
+    # within the padding of each bucket to a multiple of N_d, the paper's formula (§5)
+    exact = memory.model_state_bytes(spec.model.num_params, stage, dp)
+    for k in ("param", "grad", "optimizer"):
+        assert exact[f"{k}_bytes"] <= got[k] <= exact[f"{k}_bytes"] * 1.01
+    assert out["peak_bytes"] >= sum(got.values())
+    assert out["activation_bytes"] > 0
+
+
+def test_stage_transients_are_model_states_at_the_peak():
+    """Stage 3's gathered buckets count as parameters (at the peak), stage 2's staging buckets as
+    gradients (alive in backward only)."""
+    s3 = trace_step(spec_for("awkward", precision="bf16", dp=4, stage=3, micro_batch=1))
+    assert s3["peak_breakdown"]["param"] > s3["bytes"]["param"]
+    s2 = trace_step(spec_for("awkward", precision="bf16", dp=4, stage=2, micro_batch=1))
+    assert s2["high"]["grad"] > s2["bytes"]["grad"]
+    assert s2["high"]["temporary"] > 0
+
+
+def test_micro_batch_and_checkpointing_change_activations():
+    one = trace_step(spec_for("tiny", dp=2, stage=1, micro_batch=1))["activation_bytes"]
+    two = trace_step(spec_for("tiny", dp=2, stage=1, micro_batch=2))["activation_bytes"]
+    ckpt = trace_step(spec_for("tiny", dp=2, stage=1, micro_batch=2, checkpoint_activations=True))
+    assert 1.8 * one < two  # the weights' fp32 casts are saved once, whatever the batch
+    assert ckpt["activation_bytes"] < two
+
+
+def test_record_is_traced_and_names_its_counter():
+    spec = spec_for("tiny", precision="bf16", dp=4, stage=2, micro_batch=1)
+    r = trace_record(spec)
+    assert (r["source"], r["status"], r["memory_counter"]) == ("traced", "ok", "zerobench.trace.StorageCounter")
+    assert r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] <= r["peak_allocated_bytes"]
+    rs, ag = r["comm"]["reduce_scatter/dp"], r["comm"]["all_gather/dp"]
+    assert rs["bytes"] == ag["bytes"] == 2 * r["param_bytes"] // 2  # Ψ each way, 16-bit, padded
+    assert rs["per_step_volume_elements"] == rs["volume_elements"] and rs["seconds"] is None
+
+
+def test_failed_trace_is_an_error_record_naming_the_field():
+    spec = spec_for("tiny", dp=2, stage=3, max_live_bytes=1)
+    r = trace_record(spec)
+    assert r["status"] == "error" and "max_live_bytes" in r["error"]
+    assert not dist.is_initialized()  # the fake world is torn down
+
+
+def test_fake_world_refuses_a_second_world():
+    with fake_world(2):
+        with pytest.raises(RuntimeError, match="already initialized"):
+            with fake_world(2):
+                pass
+
+
+# -- Table 1 ------------------------------------------------------------------------------------
+def test_table1_models_have_the_papers_parameter_counts():
+    assert {k: m.num_params for k, m in MODELS.items()} == {7.5: 7_500_000_000, 128: 128 * 10**9, 1000: 10**12}
+
+
+def test_printed_truncates_or_rounds_like_the_paper():
+    assert printed(4187.5, "4187", truncate=True) == Decimal("4187")
+    assert printed(4187.5, "4187", truncate=False) == Decimal("4188")
+    assert printed(41.25, "41.3", truncate=False) == Decimal("41.3")
+    assert printed(0.1171875, "0.12", truncate=False) == Decimal("0.12")
+    assert printed(15.625, "15.6", truncate=True) == Decimal("15.6")
+
+
+def test_formula_gives_every_paper_cell():
+    df = table1(traced={})
+    assert len(df) == 54 and df.traced_gb.isna().all()
+    assert df.match.all(), df[~df.match]
+
+
+def test_formula_would_catch_a_wrong_cell():
+    df = table1(traced={})
+    wrong = df.assign(formula_gb=df.formula_gb * 1.01)
+    assert not all(
+        printed(f, f"{p:g}", r == "truncated") == Decimal(f"{p:g}")
+        for f, p, r in zip(wrong.formula_gb, wrong.paper_gb, wrong.rounding)
+    )
+
+
+def test_a_traced_table1_cell():
+    """7.5B, P_os+g+p, N_d = 64: 16Ψ/N_d = 1.875 GB, traced from the engine."""
+    b = traced_state_bytes(MODELS[7.5], 3, 64)
+    assert printed(b / 1e9, "1.88", truncate=False) == Decimal("1.88")
+    assert b == pytest.approx(16 * 7.5e9 / 64, rel=1e-6)
