@@ -15,8 +15,9 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 test: setup
 	$(BIN)/pytest -q -n $(JOBS) --durations=10
 
+# The workflow's default target: every paper artifact -> results/, figures/, results/REPORT.md.
 reproduce: setup
-	$(BIN)/zerobench run --model cpu-10m --dp 2 --stage 2 --steps 5 --out results/runs/smoke-cpu-10m-dp2-s2.json
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake --workflow-profile workflows/profiles/local --cores $(JOBS)
 
 lint: setup
 	$(BIN)/ruff check zerobench tests

@@ -1,0 +1,72 @@
+"""zerobench.tables and zerobench.report on hand-made records: the references, the errors and the
+verdicts the report prints (no processes, no torch)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from zerobench import report, tables
+
+PSI = 1000
+
+
+def record(stage: int, dp: int, precision: str = "bf16", **fields) -> dict:
+    p, g, k = tables.PGK[precision]
+    r = dict(
+        source="measured", status="ok", model="toy", num_params=PSI, dp=dp, mp=1, stage=stage, layers=2,
+        precision=precision, param_bytes=p * PSI / (dp if stage >= 3 else 1),
+        grad_bytes=g * PSI / (dp if stage >= 2 else 1), optimizer_bytes=k * PSI / (dp if stage >= 1 else 1),
+    )  # fmt: skip
+    return {**r, **fields}
+
+
+def test_memory_rows_compare_with_table1_and_formula():
+    df = tables.memory([record(s, dp) for s in range(4) for dp in (1, 4)])
+    assert df.error_pct.abs().max() == pytest.approx(0, abs=0.3)  # Table 1 prints 41.3 for 41.25
+    row = df[(df.stage == 2) & (df.dp == 4)].iloc[0]
+    assert row.ours == 5.5 and row.expected == 5.5  # 2 + 14/4 bytes per parameter
+    assert row.paper == pytest.approx(41.3 / 7.5)  # Table 1's 7.5B cell, per parameter
+    assert df[(df.stage == 1) & (df.dp == 1)].iloc[0].paper == 16  # no sharding at N_d = 1
+
+
+def test_memory_error_shows_a_wrong_engine():
+    bad = record(1, 4, optimizer_bytes=12 * PSI / 2)  # optimizer shards over 2 ranks instead of 4
+    assert tables.memory([bad]).error_pct.iloc[0] == pytest.approx(100 * (4 + 6 - 7) / 7)
+
+
+def test_comm_in_units_of_the_ring_factor():
+    unit = PSI * 3 / 4  # Ψ (N_d - 1)/N_d at N_d = 4
+    stage2 = record(2, 4, comm={"reduce_scatter/dp": {"per_step_volume_elements": unit},
+                                "all_gather/dp": {"per_step_volume_elements": unit},
+                                "all_reduce/mp": {"per_step_volume_elements": 9 * unit}})  # fmt: skip
+    stage3 = record(3, 4, comm={"all_gather/dp": {"per_step_volume_elements": 2 * unit},
+                                "reduce_scatter/dp": {"per_step_volume_elements": 1.5 * unit}})  # fmt: skip
+    df = tables.comm([stage2, stage3]).set_index("stage")
+    assert df.loc[2, "ours"] == 2 and df.loc[2, "error_pct"] == 0  # the mp group is not DP traffic
+    assert df.loc[3, "ours"] == 3.5 and df.loc[3, "error_pct"] == pytest.approx(100 * 0.5 / 3)
+
+
+def test_loss_errors_against_the_single_process_run():
+    recs = [record(0, 1, losses=[5.0, 4.0]), record(2, 2, losses=[5.0, 4.4]), record(1, 2, status="oom", losses=None)]
+    df = tables.loss(recs)
+    assert df[df.layout.str.contains("P_os\\+g ")].error_pct.tolist() == [0.0, pytest.approx(10.0)]
+    assert df[df.status == "oom"].ours.isna().all()
+
+
+def test_capacity_largest_per_stage_against_the_formula():
+    cap = 16 * 8 * PSI  # the baseline fits 8Ψ of parameters
+    recs = [record(s, 4, num_params=n * PSI, layers=n, mem_cap_bytes=cap, status="ok" if n * b <= 16 * 8 else "oom")
+            for s, b in ((0, 16), (3, 4)) for n in (4, 8, 16, 32)]  # fmt: skip
+    df = tables.capacity(recs)
+    largest = df[df.kind == "largest"].set_index("stage")
+    assert largest.loc[3, "ours"] == 4 and largest.loc[3, "expected"] == 4  # 32Ψ / 8Ψ; 16 / (16/4)
+    assert largest.loc[0, "formula_params"] == 8 * PSI
+
+
+def test_verdicts():
+    df = pd.DataFrame(dict(key=["a", "b"], ours=[1.0, 2.0], paper=[1.0, 2.5], error_pct=[0.0, -20.0], status="ok"))
+    assert report.verdict(report.stats(df), 25).startswith("**Reproduced**")
+    assert report.verdict(report.stats(df), 15).startswith("**Mostly reproduced**")
+    assert report.verdict(report.stats(df), 5).startswith("**Not reproduced**")
+    assert "ours only" in report.verdict(report.stats(df.assign(error_pct=None)), 5)

@@ -1,0 +1,123 @@
+"""The Snakemake workflow: lint, format, dry runs of the default and SLURM configurations, schema
+validation that names a mistyped key, and a real smoke run into a temporary directory (tiny
+models, dp <= 2, stages 0-3, paper-scale modelled rows) whose tables, figures and report parse."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SNAKEMAKE = str(BIN / "snakemake")
+SMOKE = ["--configfile", "workflows/config/smoke.yaml", "--replace-workflow-config"]
+
+
+def snakemake(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")  # `python` in rules = this venv
+    return subprocess.run([SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_lint_and_format_are_clean():
+    lint = snakemake("--lint")
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    fmt = subprocess.run([str(BIN / "snakefmt"), "--check", "Snakefile", "workflows/"], cwd=ROOT, capture_output=True)
+    assert fmt.returncode == 0, fmt.stderr.decode()
+
+
+def test_default_target_dry_run_plans_every_artifact(tmp_path):
+    out = snakemake("-n", "--directory", str(tmp_path), "--workflow-profile", "workflows/profiles/local")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    for rule in ("run_trial", "trace_trial", "model_trial", "table", "plot", "report"):
+        assert f"rule {rule}:" in text or f"\n{rule} " in text, rule
+    for artifact in ("fig1", "fig2", "fig9_loss", "capacity", "table1", "comm_volume", "today"):
+        assert f"figures/{artifact}.png" in text
+
+
+def test_slurm_profile_dry_run_holds_world_size_gpus(tmp_path):
+    out = snakemake(
+        "-n", "--directory", str(tmp_path), "--workflow-profile", "workflows/profiles/slurm", "-p", "--verbose"
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    # fig1's dp 4 trial asks for 4 GPUs, runs on cuda, and keeps dp from the sheet
+    assert "--dp 4" in text and "--device cuda" in text
+    assert "gpu=4" in text.replace(" ", "")
+
+
+def _copy_workflow(dst: Path) -> Path:
+    dst.mkdir()
+    for name in ("Snakefile", "workflows"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name)
+    return dst
+
+
+def test_mistyped_sheet_key_fails_before_any_trial(tmp_path):
+    repo = _copy_workflow(tmp_path / "repo")
+    sheet = repo / "workflows/config/sheets/fig1.yaml"
+    sheet.write_text(sheet.read_text().replace("grid: {stage: [0, 1, 2, 3], dp: [1, 2, 4]}", "grid: {stgae: [0, 1]}"))
+    out = snakemake("-n", cwd=repo)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "stgae" in text and "fig1.yaml" in text, text[-2000:]
+    assert not (repo / "results").exists()
+
+
+def test_mistyped_config_key_fails(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sheets: [fig8]\ntime_limt_s: 5\n")
+    out = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(bad), "--replace-workflow-config")
+    assert out.returncode != 0 and "time_limt_s" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_parseable_results(tmp_path):
+    out = snakemake(
+        "--cores", "2", "--directory", str(tmp_path), *SMOKE, "--workflow-profile", "workflows/profiles/local",
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    runs = sorted((tmp_path / "results/runs").glob("*.json"))
+    assert {json.loads(p.read_text())["source"] for p in runs} == {"measured", "modelled"}
+    records = [json.loads(p.read_text()) for p in runs]
+    capacity = [r for r in records if r.get("mem_cap_bytes")]
+    assert {r["status"] for r in capacity} == {"ok", "oom"}  # the budget stops the 16-layer baseline
+    assert all(r["status"] in ("ok", "oom") for r in records), [(r["status"], r["error"]) for r in records]
+    for name in ("fig1", "comm_volume", "fig9_loss", "capacity", "fig8"):
+        df = pd.read_csv(tmp_path / f"results/{name}.csv")
+        assert len(df) and {"key", "ours", "error_pct"} <= set(df.columns), name
+        assert (tmp_path / f"figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
+    comm = pd.read_csv(tmp_path / "results/comm_volume.csv")
+    assert comm.error_pct.abs().max() < 1.0  # 2Ψ / 2Ψ / 2Ψ / 3Ψ from the ledger
+    report = (tmp_path / "results/REPORT.md").read_text()
+    assert report.count("**Verdict.**") == 5
+    # committed results/ untouched: the smoke run wrote only under tmp_path
+    assert not any(p.name.startswith("measured_tiny-dp2") for p in (ROOT / "results/runs").glob("*.json"))
+    # a sweep interrupted before one trial and what depends on it redoes exactly those
+    trial = tmp_path / "results/runs/measured_tiny-dp2-z0-bf16-n1-w1.json"
+    for path in (
+        trial,
+        tmp_path / "results/fig1.csv",
+        tmp_path / "results/comm_volume.csv",
+        tmp_path / "results/REPORT.md",
+    ):
+        path.unlink()
+    again = snakemake("-n", "--directory", str(tmp_path), *SMOKE, "--workflow-profile", "workflows/profiles/local")
+    assert again.returncode == 0, again.stderr
+    block = again.stdout.split("Job stats:")[1].split("Reasons:")[0]
+    stats = dict(
+        row.split()
+        for row in block.splitlines()
+        if len(row.split()) == 2 and row.split()[0].isidentifier() and row.split()[1].isdigit()
+    )
+    assert stats == {"run_trial": "1", "table": "2", "plot": "2", "report": "1", "all": "1", "total": "7"}, stats
+    assert trial.name in again.stdout

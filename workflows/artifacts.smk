@@ -1,0 +1,50 @@
+# Records -> results/<artifact>.csv -> figures/<artifact>.png, and results/REPORT.md over them all.
+
+
+rule table:
+    """An artifact's table: its trials' records, or the performance model's artifact function."""
+    input:
+        runs=sheet_runs,
+    output:
+        "results/{artifact}.csv",
+    log:
+        "results/logs/table_{artifact}.log",
+    conda:
+        "envs/zerobench.yaml"
+    params:
+        kind=sheet_table,
+    shell:
+        "python -m zerobench.cli table {params.kind} {input.runs} --out {output} > {log} 2>&1"
+
+
+rule plot:
+    """The artifact's figure, with the paper's points overlaid and each source in the legend."""
+    input:
+        "results/{artifact}.csv",
+    output:
+        "figures/{artifact}.png",
+    log:
+        "results/logs/plot_{artifact}.log",
+    conda:
+        "envs/zerobench.yaml"
+    params:
+        kind=sheet_table,
+        title=sheet_title,
+    shell:
+        "python -m zerobench.cli plot {params.kind} {input} --title {params.title:q} --out {output} > {log} 2>&1"
+
+
+rule report:
+    """REPORT.md: per artifact, the paper's numbers beside ours, the error and a verdict."""
+    input:
+        sheets=sheet_files,
+        tables=expand("results/{artifact}.csv", artifact=SHEETS),
+        figures=expand("figures/{artifact}.png", artifact=SHEETS),
+    output:
+        "results/REPORT.md",
+    log:
+        "results/logs/report.log",
+    conda:
+        "envs/zerobench.yaml"
+    shell:
+        "python -m zerobench.cli report {input.sheets} --tables {input.tables} --out {output} > {log} 2>&1"

@@ -1,0 +1,63 @@
+# One trial = one record, results/runs/<source>_<trial-id>.json. Out of memory, infeasible and
+# over the time limit are records with that status (exit 0); anything else fails the job, log kept.
+
+
+rule run_trial:
+    """A measured trial: real steps of the engine on dp x mp ranks (gloo on CPU, NCCL on GPU)."""
+    output:
+        "results/runs/{source}_{trial}.json",
+    log:
+        "results/logs/{source}_{trial}.log",
+    benchmark:
+        "results/benchmarks/{source}_{trial}.tsv"
+    wildcard_constraints:
+        source="measured",
+    conda:
+        "envs/zerobench.yaml"
+    resources:
+        gpu=trial_gpus,
+        runtime=lambda wc, attempt: 30 * attempt,
+        mem_mb=16000,
+        trial_slots=1,
+    params:
+        flags=trial_flags,
+        device=config["device"],
+        time_limit=config["time_limit_s"],
+    shell:
+        "python -m zerobench.cli run {params.flags} --device {params.device}"
+        " --time-limit {params.time_limit} --out {output} > {log} 2>&1"
+
+
+rule trace_trial:
+    """A traced trial: one step of the same engine under FakeTensorMode, at paper scale."""
+    output:
+        "results/runs/{source}_{trial}.json",
+    log:
+        "results/logs/{source}_{trial}.log",
+    wildcard_constraints:
+        source="traced",
+    conda:
+        "envs/zerobench.yaml"
+    resources:
+        runtime=30,
+        mem_mb=8000,
+    params:
+        flags=trial_flags,
+    shell:
+        "python -m zerobench.cli trace {params.flags} --out {output} > {log} 2>&1"
+
+
+rule model_trial:
+    """A modelled trial: one point of the calibrated performance model."""
+    output:
+        "results/runs/{source}_{trial}.json",
+    log:
+        "results/logs/{source}_{trial}.log",
+    wildcard_constraints:
+        source="modelled",
+    conda:
+        "envs/zerobench.yaml"
+    params:
+        flags=trial_flags,
+    shell:
+        "python -m zerobench.cli model {params.flags} --out {output} > {log} 2>&1"
