@@ -100,17 +100,25 @@ def capacity(df: pd.DataFrame, fig) -> None:
 
 
 def compare(df: pd.DataFrame, fig, source_label: str) -> None:
-    """Any artifact with key / ours / paper: ours and the paper's number side by side per point."""
-    ax = fig.subplots()
+    """Any artifact with key / ours / paper: ours and the paper's number side by side per point,
+    one panel per `series` where the artifact has them (each series is one unit: TFLOPS,
+    speed-up, billions of parameters), and the status written where we have no number."""
     df = df[df.ours.notna() | df.paper.notna()].reset_index(drop=True)
-    y = range(len(df))
-    src = df.source.iloc[0] if "source" in df and len(df) else source_label
-    ax.barh([v + 0.2 for v in y], df.ours.fillna(0), 0.4, label=f"ours ({src})")
-    if df.paper.notna().any():
-        ax.barh([v - 0.2 for v in y], df.paper.fillna(0), 0.4, color="none", edgecolor="black", label="paper")
-    ax.set_yticks(list(y), df.key, fontsize=6)
-    ax.invert_yaxis()
-    ax.legend(fontsize=8)
+    groups = list(df.groupby("series", sort=False)) if "series" in df else [("", df)]
+    axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[len(g) for _, g in groups])[:, 0]
+    for ax, (series, sub) in zip(axes, groups):
+        y = list(range(len(sub)))
+        src = sub.source.iloc[0] if "source" in sub and len(sub) else source_label
+        ax.barh([v + 0.2 for v in y], sub.ours.fillna(0), 0.4, label=f"ours ({src})")
+        if sub.paper.notna().any():
+            ax.barh([v - 0.2 for v in y], sub.paper.fillna(0), 0.4, color="none", edgecolor="black", label="paper")
+        for v, (ours, status) in enumerate(zip(sub.ours, sub.get("status", [None] * len(sub)))):
+            if pd.isna(ours):
+                ax.text(0, v + 0.2, f" {status if isinstance(status, str) else 'n/a'}", va="center", fontsize=6)
+        ax.set_yticks(y, sub.key, fontsize=6)
+        ax.invert_yaxis()
+        ax.set_title(str(series), fontsize=8, loc="left")
+        ax.legend(fontsize=7)
 
 
 def plot(kind: str, table: str, out: str, title: str = "") -> None:
