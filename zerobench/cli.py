@@ -117,7 +117,7 @@ def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainCo
 
 
 def _mib(value: float, field: str) -> int:
-    if not 0 < value < math.inf:
+    if not 0 < value * MiB < math.inf:  # in bytes, so a huge finite MiB count is refused too
         raise ConfigError(f"{field}={value!r}: must be a finite number > 0")
     return max(1, int(value * MiB))
 

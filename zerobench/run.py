@@ -229,7 +229,7 @@ def worker(spec_dict: dict) -> str:
 
     try:
         with faults.watchdog(spec.timeout_s, rank, expired) if world > 1 else nullcontext():
-            ctx = topology.build(spec.parallel.dp, spec.parallel.mp, timedelta(seconds=spec.timeout_s))
+            ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
             try:
                 record = _measure(spec, ctx, device)
             except Exception as exc:  # every rank reports; rank 0 writes
