@@ -2,7 +2,9 @@
 elements only, global-norm clipping across shards, and dynamic loss scaling for fp16.
 
 The update is torch's own functional Adam (`torch.optim.adam.adam`), so it matches
-`torch.optim.Adam` element for element.
+`torch.optim.Adam`: on CPU its fused kernel (what `torch.optim.Adam(fused=True)` runs; one pass
+over each piece, ~5x faster here than the single-tensor path), equal to rounding; elsewhere the
+single-tensor path, element for element.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ShardedAdam:
             [],
             self.steps,
             foreach=False,
+            fused=self.master[0].device.type == "cpu",
             amsgrad=False,
             beta1=t.betas[0],
             beta2=t.betas[1],
@@ -77,10 +80,19 @@ def global_grad_norm(grads: list[torch.Tensor], comms: Comms, groups: list[Group
     (the groups across which the gradient is partitioned)."""
     sq = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
     for g in grads:
-        sq += g.double().pow(2).sum()
+        sq += _sum_of_squares(g)
     for group in groups:
         comms.all_reduce(sq, group)
     return sq.sqrt().float()
+
+
+def _sum_of_squares(g: torch.Tensor, row: int = 4096) -> torch.Tensor:
+    """Σ g² in fp64 without an fp64 copy of g: fp32 norms of 4096-element rows (accurate at that
+    length), squared and summed in fp64. ~20x faster on CPU than g.double().pow(2).sum(), within
+    ~1e-8 of it; a single fp32 norm of 10⁷+ elements is off by ~1e-3."""
+    n = g.numel() // row * row
+    rows = torch.linalg.vector_norm(g[:n].reshape(-1, row), dim=1, dtype=torch.float32)
+    return rows.double().square().sum() + g[n:].double().square().sum()
 
 
 def clip_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:

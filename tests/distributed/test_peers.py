@@ -1,0 +1,154 @@
+"""The side-by-side comparison (`zerobench peers`): our stages 0–3 train to the same losses as
+DDP, ZeroRedundancyOptimizer and FSDP2 (always) and DeepSpeed 0–3 (when installed); the collective
+observer agrees with our ledger and counts the peers' bytes exactly where theory is exact; the
+runner, table and figure handle skipped and failed peers."""
+
+import importlib.util
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.engine_cases import reference_run, spec_for
+from tests.worlds import spawned
+from zerobench import cli
+from zerobench.peers import common, runner, summary
+from zerobench.peers.common import CollectiveObserver, Unavailable, train_on_rank
+
+TORCH_AND_OURS = ["ours-0", "ours-1", "ours-2", "ours-3", "ddp", "zero-redundancy-optimizer"]
+TORCH_AND_OURS += ["fsdp2-no-reshard", "fsdp2-reshard"]
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+
+def _all_in_one_world(rank, spec, impls):
+    """Every implementation in turn in this one world (the benchmark gives each its own; the
+    losses do not care), with the observer counting their timed steps."""
+    observer = CollectiveObserver()
+    out = {}
+    for impl in impls:
+        observer.counts = {}
+        r = train_on_rank(impl, spec, observer)
+        losses = torch.tensor(r["losses"], dtype=torch.float64)
+        dist.all_reduce(losses)
+        ledger = r["trainer"].comms.ledger.as_dict() if impl.startswith("ours") else None
+        out[impl] = {"losses": (losses / dist.get_world_size()).tolist(), "comm": observer.counts, "ledger": ledger}
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_world():
+    spec = spec_for("awkward", dp=2, steps=3, micro_batch=2)
+    spec = runner_spec(spec, warmup=1)
+    return spec, spawned(2, _all_in_one_world, spec, TORCH_AND_OURS)
+
+
+def runner_spec(spec, **train):
+    import dataclasses
+
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
+
+
+def test_torch_peers_and_our_stages_agree_on_every_loss(tiny_world):
+    spec, out = tiny_world
+    ours = out[0]["ours-0"]["losses"]
+    # anchored to plain single-process training over the whole global batch
+    single = reference_run(runner_spec(spec, steps=spec.train.warmup + spec.train.steps))["losses"]
+    assert ours == pytest.approx(single, rel=1e-5)
+    for impl in TORCH_AND_OURS:
+        for a, b in zip(out[0][impl]["losses"], ours):
+            assert abs(a - b) / abs(b) < 1e-5, impl
+
+
+def test_observer_agrees_with_our_ledger(tiny_world):
+    """The observer sees at torch.distributed's Python API what our Comms ledger records."""
+    _, out = tiny_world
+    for impl in ("ours-0", "ours-1", "ours-2", "ours-3"):
+        seen, ledger = out[0][impl]["comm"], out[0][impl]["ledger"]
+        by_op = {}
+        for key, e in ledger.items():
+            op = key.split("/")[0]
+            by_op[op] = by_op.get(op, 0) + e["bytes"]
+        # the ledger counts warm-up too; the observer only the timed steps (3 of 4)
+        assert {op: v["bytes"] for op, v in seen.items()} == {op: b * 3 // 4 for op, b in by_op.items()}, impl
+
+
+def test_peer_bytes_are_exact_where_theory_is(tiny_world):
+    """Per step: DDP all-reduces every gradient once (4Ψ bytes in fp32); ZeroRedundancyOptimizer
+    adds one broadcast of every parameter from its owner (4Ψ); FSDP2 reduce-scatters 4Ψ (plus its
+    padding) and all-gathers it once without resharding, twice with."""
+    spec, out = tiny_world
+    psi4, steps = 4 * spec.model.num_params, spec.train.steps
+    comm = {impl: {op: v["bytes"] / steps for op, v in out[0][impl]["comm"].items()} for impl in TORCH_AND_OURS}
+    assert comm["ddp"] == {"all_reduce": psi4}
+    assert comm["zero-redundancy-optimizer"] == {"all_reduce": psi4, "broadcast": psi4}
+    rs = comm["fsdp2-no-reshard"]["reduce_scatter"]
+    assert psi4 <= rs < psi4 * 1.01
+    assert comm["fsdp2-no-reshard"]["all_gather"] == rs
+    assert comm["fsdp2-reshard"]["all_gather"] == 2 * rs
+
+
+def test_unknown_and_unavailable_implementations(monkeypatch, tmp_path):
+    spec = spec_for("tiny", dp=2, steps=1)
+    with pytest.raises(ValueError, match="impl='megatron'"):
+        runner.run_peers(spec, ["megatron"])
+
+    def unavailable(impl, spec):
+        raise Unavailable("not on this machine")
+
+    monkeypatch.setattr(common.family("deepspeed-2"), "check", unavailable)
+    row = runner.run_one("deepspeed-2", spec, log=lambda _: None)
+    assert (row["status"], row["error"]) == ("skipped", "not on this machine")
+    assert row["peer_version"].startswith("deepspeed") and json.loads(row["versions"])["torch"]
+    # the CLI refuses what the peers cannot compare, naming the field
+    assert cli.main(["peers", "--precision", "bf16", "--out", str(tmp_path / "p.csv")]) == 2
+    assert cli.main(["peers", "--impls", "ddp,megatron", "--out", str(tmp_path / "p.csv")]) == 2
+    assert not (tmp_path / "p.csv").exists()
+
+
+def _row(impl, stage, t, rss, losses, family="torch"):
+    return {**dict.fromkeys(runner.COLUMNS), "impl": impl, "family": family, "stage": stage, "status": "ok",
+            "step_time_s": t, "step_time_min_s": t * 0.9, "step_time_max_s": t * 1.1, "peak_rss_bytes": rss,
+            "losses": json.dumps(losses), "model": "tiny", "num_params": 1e6, "dp": 2, "precision": "fp32",
+            "global_batch": 2, "threads_per_rank": 1, "steps": 5, "warmup": 1, "peer_version": "x",
+            "comm_bytes_per_step": 8e6, "loadavg_before": 1.0, "loadavg_after": 2.0}  # fmt: skip
+
+
+def test_ratios_table_and_figure(tmp_path):
+    rows = runner.compare(
+        [
+            _row("ours-0", 0, 2.0, 100, [1.0, 0.5], family="zerobench"),
+            _row("ddp", 0, 4.0, 200, [1.0, 0.5001]),
+            _row("fsdp2-reshard", 3, 3.0, 50, [1.0, 0.5]),  # no ours-3: loss against ours-0, no ratio
+            {**_row("deepspeed-1", 1, 1.0, 1, [], family="deepspeed"), "status": "error", "error": "boom"},
+        ]
+    )
+    ddp, fsdp = rows[1], rows[2]
+    assert ddp["time_ratio_ours_over"] == 0.5 and ddp["rss_ratio_ours_over"] == 0.5
+    assert ddp["loss_max_rel_diff"] == pytest.approx(2e-4) and ddp["loss_ref"] == "ours-0"
+    assert fsdp["time_ratio_ours_over"] is None and fsdp["loss_ref"] == "ours-0"
+    csv, png = tmp_path / "peers.csv", tmp_path / "peers.png"
+    runner.write_csv(rows, csv)
+    table = summary.peers_markdown(csv)
+    assert "| 0 | ddp | x | 4.000 [3.600–4.400] |" in table and "| 0.50 | 0.50 |" in table
+    assert "error: boom" in table
+    summary.plot_peers(csv, png)
+    assert png.stat().st_size > 10_000
+    assert set(summary.losses_of(csv)) == {"ours-0", "ddp", "fsdp2-reshard"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="DeepSpeed not installed (optional `peers` extra)")
+def test_deepspeed_smoke_comparison(tmp_path):
+    """The real runner, each implementation in its own world: DeepSpeed stage 3 against ours,
+    same losses, the row carrying versions, memory, bytes and the ratios."""
+    spec = runner_spec(spec_for("tiny", dp=2, steps=2, micro_batch=2), warmup=1)
+    rows = runner.run_peers(spec, ["ours-3", "deepspeed-3"], log=lambda _: None)
+    assert [r["status"] for r in rows] == ["ok"] * 2, [r["error"] for r in rows]
+    ds = rows[1]
+    assert ds["loss_max_rel_diff"] < 1e-5 and ds["loss_ref"] == "ours-3"
+    assert ds["peer_version"].startswith("deepspeed 0.") and ds["peak_rss_bytes"] > ds["base_rss_bytes"] > 0
+    assert ds["comm_bytes_per_step"] >= 4 * spec.model.num_params  # at least one reduce-scatter of Ψ
+    assert ds["time_ratio_ours_over"] > 0 and ds["rss_ratio_ours_over"] > 0
+    runner.write_csv(rows, tmp_path / "peers.csv")
+    assert "deepspeed-3" in summary.peers_markdown(tmp_path / "peers.csv")

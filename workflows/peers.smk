@@ -1,0 +1,41 @@
+# Ours beside the systems people already use (DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed 0-3):
+# the same model, weights, data, batch, precision and world size, one implementation at a time.
+# Included by the Snakefile; `snakemake peers` builds it (about 15 min at cpu-100m on 2 cores).
+
+# Defaults: issue 7's benchmark. A `peers:` mapping in the config overrides any of them; smoke
+# runs take the tiny model for a couple of steps.
+PEERS = {
+    "model": "tiny" if config.get("smoke") else "cpu-100m",
+    "dp": 2,
+    "micro_batch": 1,
+    "warmup": 1 if config.get("smoke") else 2,
+    "steps": 2 if config.get("smoke") else 8,
+    **config.get("peers", {}),
+}
+
+
+# results/peers.csv and figures/peers.png also match the generic table/plot rules' patterns.
+ruleorder: peers > table
+ruleorder: peers > plot
+
+
+rule peers:
+    """Measured side by side: median step time, spread, peak RSS per rank, collective bytes and
+    per-step losses of every implementation, with the ratios ours / peer."""
+    output:
+        table="results/peers.csv",
+        figure="figures/peers.png",
+    log:
+        "results/logs/peers.log",
+    conda:
+        "envs/zerobench.yaml"
+    params:
+        model=PEERS["model"],
+        dp=PEERS["dp"],
+        micro_batch=PEERS["micro_batch"],
+        warmup=PEERS["warmup"],
+        steps=PEERS["steps"],
+    shell:
+        "python -m zerobench.cli peers --model {params.model} --dp {params.dp} "
+        "--micro-batch {params.micro_batch} --warmup {params.warmup} --steps {params.steps} "
+        "--out {output.table} --figure {output.figure} > {log} 2>&1"

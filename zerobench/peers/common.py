@@ -1,0 +1,233 @@
+"""What every implementation in the side-by-side comparison shares: the same GPT with the same
+initial weights, the same token batches, and one measurement harness run on every rank of a
+world of its own (one spawned gloo world per implementation, file rendezvous, no ports).
+
+The harness times whole optimizer steps (median and spread over the timed steps), records the
+loss of every step averaged over DP ranks, the peak resident set of each rank (VmHWM: the
+high-water mark of this process's own address space, so the launcher's memory is not counted),
+and the collective bytes each implementation issues, observed at torch.distributed's Python API.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import pickle
+import statistics
+import tempfile
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from zerobench.data import SyntheticTokens, micro_batches
+from zerobench.model import GPT
+
+# Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to).
+IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
+    "ours-0": ("ours", 0),
+    "ours-1": ("ours", 1),
+    "ours-2": ("ours", 2),
+    "ours-3": ("ours", 3),
+    "ddp": ("torch_peers", 0),
+    "zero-redundancy-optimizer": ("torch_peers", 1),
+    "fsdp2-no-reshard": ("torch_peers", 2),
+    "fsdp2-reshard": ("torch_peers", 3),
+    "deepspeed-0": ("deepspeed_peer", 0),
+    "deepspeed-1": ("deepspeed_peer", 1),
+    "deepspeed-2": ("deepspeed_peer", 2),
+    "deepspeed-3": ("deepspeed_peer", 3),
+}
+
+
+class Unavailable(Exception):
+    """The implementation cannot run here (a package missing, code not written yet)."""
+
+
+def family(impl: str):
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl={impl!r}: unknown; choose from {list(IMPLEMENTATIONS)}")
+    return importlib.import_module(f"zerobench.peers.{IMPLEMENTATIONS[impl][0]}")
+
+
+def reference_model(spec) -> GPT:
+    """The GPT every peer trains: our model, our seeded init, fp32 on CPU."""
+    model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
+    model.init_weights(spec.train.seed)
+    return model
+
+
+def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (inputs, targets) micro-batches of `step`: the slices our engine takes."""
+    data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
+    tokens = data.global_batch(step, spec.global_batch)
+    return list(micro_batches(tokens, spec.train.grad_accum, spec.parallel.dp, dp_rank))
+
+
+# -- collective observer ------------------------------------------------------------------------
+# torch.distributed's Python entry points and the op they count as. Only the package namespace
+# is patched: torch's own wrappers call each other inside distributed_c10d, so nothing counts twice.
+_OPS = {
+    "all_reduce": "all_reduce",
+    "reduce": "reduce",
+    "broadcast": "broadcast",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_single": "all_gather",
+    "_all_gather_base": "all_gather",
+    "all_gather": "all_gather",
+}
+
+
+def _message_bytes(name: str, args, kwargs) -> int:
+    """Bytes of the full message: the input of a reduction, the output of a gather."""
+    first = args[0] if args else next(iter(kwargs.values()))
+    if name in ("reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base", "reduce_scatter"):
+        first = args[1] if len(args) > 1 else kwargs.get("input", kwargs.get("input_list"))
+    tensors = first if isinstance(first, list | tuple) else [first]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class CollectiveObserver:
+    """Counts calls and message bytes per op of every collective issued through
+    torch.distributed's Python API (our Comms, FSDP2, ZeroRedundancyOptimizer, DeepSpeed; DDP's
+    C++ reducer is routed through it by a comm hook). Install before DeepSpeed binds its functions."""
+
+    def __init__(self):
+        self.counts: dict[str, dict[str, int]] = {}
+        self.active = False
+        self._local = threading.local()
+        for name, op in _OPS.items():
+            setattr(dist, name, self._wrap(name, op, getattr(dist, name)))
+
+    def _wrap(self, name: str, op: str, fn):
+        @functools.wraps(fn)
+        def counted(*args, **kwargs):
+            depth = getattr(self._local, "depth", 0)
+            if self.active and depth == 0:
+                entry = self.counts.setdefault(op, {"calls": 0, "bytes": 0})
+                entry["calls"] += 1
+                entry["bytes"] += _message_bytes(name, args, kwargs)
+            self._local.depth = depth + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._local.depth = depth
+
+        return counted
+
+
+def _read_status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+# -- one rank -------------------------------------------------------------------------------------
+def train_on_rank(impl: str, spec, observer: CollectiveObserver | None = None) -> dict:
+    """Build `impl` on this rank of an initialized world and train warm-up + timed steps.
+    Returns this rank's losses (every step), step times (timed steps) and base RSS."""
+    base_rss = _read_status_kib("VmRSS") * 1024
+    trainer = family(impl).build(impl, spec)
+    losses, times = [], []
+    for step in range(spec.train.warmup + spec.train.steps):
+        if observer is not None:
+            observer.active = step >= spec.train.warmup  # count the timed steps only
+        t0 = time.perf_counter()
+        losses.append(trainer.step(step))
+        if step >= spec.train.warmup:
+            times.append(time.perf_counter() - t0)
+    if observer is not None:
+        observer.active = False
+    return {"losses": losses, "times": times, "base_rss": base_rss, "note": trainer.note, "trainer": trainer}
+
+
+def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> None:
+    from zerobench.run import spec_from_dict
+
+    torch.set_num_threads(1)  # one rank per core
+    spec = spec_from_dict(spec_dict)
+    observer = CollectiveObserver()
+    family(impl)  # imports the peer's library, so its import cost is in the base RSS
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp}/rdzv",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+    try:
+        out = train_on_rank(impl, spec, observer)
+        peak = _read_status_kib("VmHWM") * 1024
+        loss_t = torch.tensor(out["losses"], dtype=torch.float64)
+        dist.all_reduce(loss_t)
+        loss_t /= world
+        per_rank = [None] * world
+        dist.all_gather_object(per_rank, (peak, out["base_rss"]))
+        if rank == 0:
+            raw = {
+                "times": out["times"],
+                "losses": loss_t.tolist(),
+                "peak_rss": [p for p, _ in per_rank],
+                "base_rss": [b for _, b in per_rank],
+                "comm": observer.counts,
+                "note": out["note"],
+            }
+            with open(os.path.join(tmp, "out.pkl"), "wb") as f:
+                pickle.dump(raw, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(impl: str, spec) -> dict:
+    """Train `spec` with `impl` in a world of its own; the raw measurements of rank 0.
+    Raises Unavailable when the implementation cannot run here."""
+    import torch.multiprocessing as mp
+
+    from zerobench.run import spec_to_dict
+
+    fam = family(impl)
+    fam.check(impl, spec)  # fails fast, in this process, with the reason
+    world = spec.parallel.dp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _rank_main, args=(world, tmp, impl, spec_to_dict(spec)), nprocs=world, join=True, start_method="spawn"
+        )
+        with open(os.path.join(tmp, "out.pkl"), "rb") as f:
+            return pickle.load(f)
+
+
+def summarise(raw: dict, spec) -> dict:
+    """Row fields from raw measurements: median step time and spread, memory, bytes per step."""
+    times = raw["times"]
+    steps = len(times)
+    comm = {op: {"calls": v["calls"] / steps, "bytes": v["bytes"] / steps} for op, v in sorted(raw["comm"].items())}
+    return {
+        "step_time_s": statistics.median(times),
+        "step_time_min_s": min(times),
+        "step_time_max_s": max(times),
+        "step_time_iqr_s": _iqr(times),
+        "peak_rss_bytes": max(raw["peak_rss"]),
+        "peak_rss_bytes_per_rank": json.dumps(raw["peak_rss"]),
+        "base_rss_bytes": max(raw["base_rss"]),
+        "comm_bytes_per_step": sum(v["bytes"] for v in comm.values()),
+        "comm_per_step": json.dumps(comm),
+        "losses": json.dumps(raw["losses"]),
+        "note": raw["note"],
+    }
+
+
+def _iqr(xs: list[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    q = statistics.quantiles(xs, n=4)
+    return q[2] - q[0]

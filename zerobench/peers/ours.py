@@ -1,0 +1,43 @@
+"""Our engine in the comparison: `zerobench.run.build_engine` and `train_steps`, exactly the path
+a `zerobench run` trial takes (stages 0–2 in zero/engine.py, stage 3 in zero/stage3.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import torch
+
+from zerobench.comms import Comms
+from zerobench.parallel import topology
+from zerobench.peers.common import Unavailable
+from zerobench.run import build_engine, train_steps
+
+
+def _stage(impl: str) -> int:
+    return int(impl.rsplit("-", 1)[1])
+
+
+def check(impl: str, spec) -> None:
+    if _stage(impl) == 3 and importlib.util.find_spec("zerobench.zero.stage3") is None:
+        raise Unavailable("our stage 3 (zerobench/zero/stage3.py) has not landed yet")
+
+
+def versions() -> dict:
+    return {}
+
+
+class Trainer:
+    def __init__(self, impl: str, spec):
+        self.spec = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, stage=_stage(impl)))
+        self.ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
+        self.comms = Comms()
+        self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device("cpu"))
+        self.note = f"bucket_bytes={spec.parallel.bucket_bytes}"
+
+    def step(self, step: int) -> float:
+        return train_steps(self.engine, self.spec, self.ctx, 1, first_step=step)[0]
+
+
+def build(impl: str, spec) -> Trainer:
+    return Trainer(impl, spec)

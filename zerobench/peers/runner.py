@@ -1,0 +1,102 @@
+"""`zerobench peers`: the same GPT, initial weights, data, global batch, precision and world size
+trained by our engine (stages 0–3) and by the systems people already use at the equivalent stage
+(DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed 0–3), one implementation at a time, each in its own
+spawned world. One `measured` row per implementation, with the ratios ours / peer."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+from zerobench import results
+from zerobench.peers.common import IMPLEMENTATIONS, Unavailable, family, measure, summarise
+
+COLUMNS = (
+    "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
+    "precision", "micro_batch", "global_batch", "warmup", "steps", "threads_per_rank",
+    "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s",
+    "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes",
+    "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
+    "time_ratio_ours_over", "rss_ratio_ours_over", "note",
+    "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after",
+)  # fmt: skip
+
+
+def _base_row(impl: str, spec) -> dict:
+    module, stage = IMPLEMENTATIONS[impl]
+    fam = family(impl)
+    vers = {**results.versions(), **fam.versions()}
+    peer = {"ours": "zerobench", "torch_peers": "torch", "deepspeed_peer": "deepspeed"}[module]
+    return {
+        **dict.fromkeys(COLUMNS),
+        "impl": impl,
+        "family": peer,
+        "stage": stage,
+        "source": "measured",
+        **{k: v for k, v in results.model_fields(spec.model).items() if k in ("model", "num_params")},
+        "dp": spec.parallel.dp,
+        "world_size": spec.parallel.world_size,
+        "precision": spec.precision.mode,
+        "micro_batch": spec.train.micro_batch,
+        "global_batch": spec.global_batch,
+        "warmup": spec.train.warmup,
+        "steps": spec.train.steps,
+        "threads_per_rank": 1,
+        "peer_version": f"{peer} {vers.get(peer, '0.1.0')}" + (f" / torch {vers['torch']}" if peer != "torch" else ""),
+        "versions": json.dumps(vers),
+        "git_rev": results.git_revision(),
+        "host": platform.node(),
+    }
+
+
+def run_one(impl: str, spec, log=print) -> dict:
+    """One implementation's row; a peer that cannot run here is a `skipped` row with the reason."""
+    row = _base_row(impl, spec)
+    row["loadavg_before"] = round(os.getloadavg()[0], 2)
+    try:
+        row.update(summarise(measure(impl, spec), spec), status="ok")
+    except Unavailable as exc:
+        row.update(status="skipped", error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported with its error
+        row.update(status="error", error=f"{type(exc).__name__}: {str(exc).strip()[-400:]}")
+    row["loadavg_after"] = round(os.getloadavg()[0], 2)
+    log(
+        f"{impl:28s} {row['status']:8s} "
+        + (f"{row['step_time_s']:.3f} s/step" if row["status"] == "ok" else row["error"])
+    )
+    return row
+
+
+def compare(rows: list[dict]) -> list[dict]:
+    """Fill the loss agreement with ours (same stage, else our lowest) and ours / peer ratios."""
+    ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        ref = ours.get(r["stage"]) or ours.get(min(ours, default=None))
+        if ref is None:
+            continue
+        a, b = json.loads(r["losses"]), json.loads(ref["losses"])
+        r["loss_ref"] = ref["impl"]
+        r["loss_max_rel_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+        if r["family"] != "zerobench" and r["stage"] in ours:
+            r["time_ratio_ours_over"] = ours[r["stage"]]["step_time_s"] / r["step_time_s"]
+            r["rss_ratio_ours_over"] = ours[r["stage"]]["peak_rss_bytes"] / r["peak_rss_bytes"]
+    return rows
+
+
+def run_peers(spec, impls=None, log=print) -> list[dict]:
+    impls = list(impls or IMPLEMENTATIONS)
+    for impl in impls:
+        family(impl)  # an unknown name fails before anything runs
+    return compare([run_one(impl, spec, log) for impl in impls])
+
+
+def write_csv(rows: list[dict], path) -> None:
+    import pandas as pd
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(tmp, index=False)
+    os.replace(tmp, path)

@@ -1,0 +1,107 @@
+"""The comparison read back from results/peers.csv: a markdown table for results/REPORT.md and
+figures/peers.png (step time and peak memory per ZeRO stage, ours beside each peer). Imports no
+torch, so the report step stays light."""
+
+from __future__ import annotations
+
+import json
+
+GiB = 2**30
+
+
+def _load(csv_path):
+    import pandas as pd
+
+    return pd.read_csv(csv_path)
+
+
+def _fmt(x, spec: str, dash: str = "—") -> str:
+    return dash if x is None or x != x else format(x, spec)  # x != x: NaN
+
+
+def peers_markdown(csv_path) -> str:
+    """One line per implementation, grouped by ZeRO stage: median step time [min–max], peak RSS
+    per rank, collective bytes per step, the loss agreement with ours and the ratios ours / peer."""
+    df = _load(csv_path)
+    if df.empty:
+        return "_no peer rows_\n"
+    first = df.iloc[0]
+    head = (
+        f"Measured on one machine, one implementation at a time: `{first['model']}` "
+        f"({first['num_params'] / 1e6:.1f}M parameters), dp = {first['dp']}, {first['precision']}, "
+        f"global batch {first['global_batch']}, {first['threads_per_rank']} thread per rank, median of "
+        f"{first['steps']} steps after {first['warmup']} warm-up. Ratios are ours / peer at the same stage "
+        f"(< 1: ours faster or smaller). Load average (1 min) during the runs: "
+        f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}.\n\n"
+    )
+    lines = [
+        "| stage | implementation | version | s/step (median [min–max]) | peak RSS/rank (GiB) "
+        "| comm MB/step | max loss rel. diff vs ours | time ours/peer | RSS ours/peer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in df.sort_values(["stage", "family"], key=_order).iterrows():
+        if r["status"] != "ok":
+            lines.append(
+                f"| {r['stage']} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | |"
+            )
+            continue
+        lines.append(
+            f"| {r['stage']} | {r['impl']} | {r['peer_version']} "
+            f"| {r['step_time_s']:.3f} [{r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f}] "
+            f"| {r['peak_rss_bytes'] / GiB:.2f} | {_fmt(r['comm_bytes_per_step'] / 1e6, '.1f')} "
+            f"| {_fmt(r['loss_max_rel_diff'], '.1e')} | {_fmt(r['time_ratio_ours_over'], '.2f')} "
+            f"| {_fmt(r['rss_ratio_ours_over'], '.2f')} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def _order(col):
+    if col.name == "family":
+        return col.map({"zerobench": 0, "torch": 1, "deepspeed": 2})
+    return col
+
+
+def plot_peers(csv_path, png_path) -> None:
+    """Two panels: median step time (bars, min–max whiskers) and peak RSS per rank, per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = _load(csv_path)
+    ok = df[df["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    colors = {"zerobench": "tab:blue", "torch": "tab:orange", "deepspeed": "tab:green"}
+    for ax, (col, scale, label) in zip(
+        axes, (("step_time_s", 1.0, "median step time (s)"), ("peak_rss_bytes", GiB, "peak RSS per rank (GiB)"))
+    ):
+        ticks, names = [], []
+        x = 0.0
+        for stage in sorted(df["stage"].unique()):
+            group = ok[ok["stage"] == stage].sort_values("family", key=_order)
+            for _, r in group.iterrows():
+                err = None
+                if col == "step_time_s":
+                    err = [[r["step_time_s"] - r["step_time_min_s"]], [r["step_time_max_s"] - r["step_time_s"]]]
+                ax.bar(x, r[col] / scale, color=colors[r["family"]], yerr=err, capsize=2)
+                ticks.append(x)
+                names.append(r["impl"])
+                x += 1
+            x += 0.8  # gap between stages
+        ax.set_xticks(ticks, names, rotation=60, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    first = df.iloc[0]
+    fig.suptitle(
+        f"zerobench vs peers, measured: {first['model']} ({first['num_params'] / 1e6:.0f}M), dp={first['dp']}, "
+        f"{first['precision']}, CPU/gloo (blue: ours; orange: torch; green: DeepSpeed; grouped by ZeRO stage 0→3)"
+    )
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+def losses_of(csv_path) -> dict[str, list[float]]:
+    """Per-step losses of every implementation that ran."""
+    df = _load(csv_path)
+    return {r["impl"]: json.loads(r["losses"]) for _, r in df[df["status"] == "ok"].iterrows()}

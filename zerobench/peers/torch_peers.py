@@ -1,0 +1,78 @@
+"""PyTorch's own data-parallel engines as peers, each at the ZeRO stage it corresponds to:
+DDP (stage 0, bucketed all-reduce overlapped with backward), `ZeroRedundancyOptimizer` over DDP
+(stage 1: optimizer states split by whole parameters, updated parameters broadcast from their
+owner), and FSDP2 `fully_shard` per transformer block plus the root, without resharding after
+forward (parameters gathered once per step and kept through backward: ≈ stage 2) and with it
+(gathered again for backward: stage 3). Adam and global-norm clipping as our engine does them."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from zerobench.peers.common import Unavailable, rank_batches, reference_model
+
+
+def check(impl: str, spec) -> None:
+    if spec.train.grad_accum != 1:
+        raise Unavailable(f"grad_accum={spec.train.grad_accum}: the torch peers here take one micro-batch per step")
+
+
+def versions() -> dict:
+    return {"torch": torch.__version__}
+
+
+def _adam(params, train, cls=torch.optim.Adam, **extra):
+    return cls(params, lr=train.lr, betas=train.betas, eps=train.eps, weight_decay=train.weight_decay, **extra)
+
+
+class Trainer:
+    def __init__(self, impl: str, spec):
+        self.spec, self.train = spec, spec.train
+        self.rank = dist.get_rank()
+        model = reference_model(spec)
+        bucket_mb = spec.parallel.bucket_bytes / 2**20  # the same C_B as our engine's buckets
+        if impl in ("ddp", "zero-redundancy-optimizer"):
+            self.model = DDP(model, bucket_cap_mb=bucket_mb)
+            # The built-in all-reduce hook, registered from Python so its dist.all_reduce calls are
+            # visible to the collective observer (the C++ default issues them out of sight).
+            self.model.register_comm_hook(None, default_hooks.allreduce_hook)
+            if impl == "ddp":
+                self.opt = _adam(self.model.parameters(), self.train)
+            else:
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                self.opt = _adam(self.model.parameters(), self.train, cls=ZeroRedundancyOptimizer,
+                                 optimizer_class=torch.optim.Adam)  # fmt: skip
+            self.note = f"DDP bucket_cap_mb={bucket_mb:g}"
+        elif impl.startswith("fsdp2"):
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            reshard = impl == "fsdp2-reshard"
+            mesh = init_device_mesh("cpu", (spec.parallel.dp,))
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            self.model = model
+            self.opt = _adam(model.parameters(), self.train)
+            self.note = f"fully_shard per block + root, reshard_after_forward={reshard}"
+        else:
+            raise ValueError(f"impl={impl!r}: not a torch peer")
+
+    def step(self, step: int) -> float:
+        ((x, y),) = rank_batches(self.spec, self.rank, step)  # one micro-batch (see check)
+        loss = self.model(x, y)
+        loss.backward()
+        if self.train.clip_norm > 0:
+            # DDP's gradients are replicated, FSDP2's are DTensors: either way this is the global norm.
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.clip_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+def build(impl: str, spec) -> Trainer:
+    return Trainer(impl, spec)
