@@ -27,19 +27,20 @@ import torch.distributed as dist
 from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.model import GPT
 
-# Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to).
+# Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to). Ordered by
+# stage, so each stage's rows are measured close together in time (a shared machine's load drifts).
 IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
     "ours-0": ("ours", 0),
-    "ours-1": ("ours", 1),
-    "ours-2": ("ours", 2),
-    "ours-3": ("ours", 3),
     "ddp": ("torch_peers", 0),
-    "zero-redundancy-optimizer": ("torch_peers", 1),
-    "fsdp2-no-reshard": ("torch_peers", 2),
-    "fsdp2-reshard": ("torch_peers", 3),
     "deepspeed-0": ("deepspeed_peer", 0),
+    "ours-1": ("ours", 1),
+    "zero-redundancy-optimizer": ("torch_peers", 1),
     "deepspeed-1": ("deepspeed_peer", 1),
+    "ours-2": ("ours", 2),
+    "fsdp2-no-reshard": ("torch_peers", 2),
     "deepspeed-2": ("deepspeed_peer", 2),
+    "ours-3": ("ours", 3),
+    "fsdp2-reshard": ("torch_peers", 3),
     "deepspeed-3": ("deepspeed_peer", 3),
 }
 
@@ -157,7 +158,7 @@ def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> N
     torch.set_num_threads(1)  # one rank per core
     spec = spec_from_dict(spec_dict)
     observer = CollectiveObserver()
-    family(impl)  # imports the peer's library, so its import cost is in the base RSS
+    family(impl)  # the family module (DeepSpeed itself is imported when its trainer is built)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{tmp}/rdzv",

@@ -192,10 +192,15 @@ class ZeroEngine:
     def _sync_params(self) -> None:
         if self.stage == 0:
             return
+        # In place (this rank's chunk already sits where the gather puts it; NCCL and gloo allow
+        # it) and every bucket in flight at once: no staging copy, no round trip per bucket.
+        handles = []
         for bucket in self.layout.buckets:
             lo, hi = bucket.owned(self.ctx.dp.rank)
-            mine = self.flat_param[lo:hi].clone()
-            self.comms.all_gather(self.flat_param[bucket.start : bucket.start + bucket.padded], mine, self.ctx.dp)
+            out = self.flat_param[bucket.start : bucket.start + bucket.padded]
+            handles.append(self.comms.all_gather(out, self.flat_param[lo:hi], self.ctx.dp, async_op=True))
+        for handle in handles:
+            handle.wait()
 
     def _zero_grads(self) -> None:
         (self.flat_grad if self.stage <= 1 else self.grad_shard).zero_()
