@@ -57,6 +57,7 @@ def _train_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None:
     g.add_argument("--steps", type=int, default=5, help="timed steps")
     g.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
     g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clip; 0 disables it")
     g.add_argument("--seed", type=int, default=1234)
 
 
@@ -111,6 +112,7 @@ def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainCo
         steps=args.steps,
         warmup=args.warmup,
         lr=args.lr,
+        clip_norm=args.clip_norm,
         seed=args.seed,
     )
     return model, parallel, precision, train

@@ -21,7 +21,7 @@ from collections import deque
 
 import torch
 
-from zerobench.comms import Comms
+from zerobench.comms import Comms, Handle
 from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.parallel.tensor_parallel import counted_ranges
 from zerobench.parallel.topology import ParallelContext
@@ -82,6 +82,7 @@ class ZeroEngine:
         self._pending: list[int] = []
         self._in_flight: deque = deque()
         self._reduce_now = True
+        self._first_micro_batch = True  # no gradient accumulated since the last step
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._hook(i))
 
@@ -110,6 +111,7 @@ class ZeroEngine:
         self._pending = [len(b.slots) for b in self.layout.buckets]
         (loss * (self.scaler.scale / self.train.grad_accum)).backward()
         self._drain(0)
+        self._first_micro_batch = False
 
     def _hook(self, index: int):
         slot = self.layout.slots[index]
@@ -118,7 +120,9 @@ class ZeroEngine:
         def hook(p: torch.Tensor) -> None:
             grad = p.grad.reshape(-1)
             if self.stage <= 1:
-                self.flat_grad[slot.offset : slot.offset + slot.numel].add_(grad)
+                piece = self.flat_grad[slot.offset : slot.offset + slot.numel]
+                # The first micro-batch overwrites last step's values: no Ψ-element memset per step.
+                piece.copy_(grad) if self._first_micro_batch else piece.add_(grad)
             else:
                 staging = self._staging.get(bucket.index)
                 if staging is None:
@@ -179,8 +183,11 @@ class ZeroEngine:
             # kept a tensor: a traced step (FakeTensorMode, zerobench/trace.py) has no value to read
             self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
             clip_(grads, self.last_grad_norm, self.train.clip_norm)
-            self.optimizer.step(grads)
-            self._sync_params()
+            # Each bucket's updated chunk goes out while Adam works on the next bucket's.
+            gathers = []
+            self.optimizer.step(grads, after_piece=lambda i: gathers.append(self._gather_bucket(i)))
+            for handle in gathers:
+                handle.wait()
         self._zero_grads()
         return not overflow
 
@@ -190,20 +197,25 @@ class ZeroEngine:
         self._sync_params()
 
     def _sync_params(self) -> None:
-        if self.stage == 0:
-            return
-        # In place (this rank's chunk already sits where the gather puts it; NCCL and gloo allow
-        # it) and every bucket in flight at once: no staging copy, no round trip per bucket.
-        handles = []
-        for bucket in self.layout.buckets:
-            lo, hi = bucket.owned(self.ctx.dp.rank)
-            out = self.flat_param[bucket.start : bucket.start + bucket.padded]
-            handles.append(self.comms.all_gather(out, self.flat_param[lo:hi], self.ctx.dp, async_op=True))
-        for handle in handles:
+        handles = [self._gather_bucket(i) for i in range(len(self.layout.buckets))]
+        for handle in handles:  # every bucket in flight at once
             handle.wait()
 
+    def _gather_bucket(self, i: int) -> Handle:
+        """Start the all-gather that brings bucket i's updated chunks to every rank. In place:
+        this rank's chunk already sits where the gather puts it (NCCL and gloo allow it), so
+        there is no staging copy. Nothing to do at stage 0, where every rank updated it all."""
+        if self.stage == 0:
+            return Handle(None, None)
+        bucket = self.layout.buckets[i]
+        lo, hi = bucket.owned(self.ctx.dp.rank)
+        out = self.flat_param[bucket.start : bucket.start + bucket.padded]
+        return self.comms.all_gather(out, self.flat_param[lo:hi], self.ctx.dp, async_op=True)
+
     def _zero_grads(self) -> None:
-        (self.flat_grad if self.stage <= 1 else self.grad_shard).zero_()
+        self._first_micro_batch = True  # stages 0–1: the next backward overwrites the full buffer
+        if self.stage >= 2:  # the shard accumulates every micro-batch's reduce-scatter
+            self.grad_shard.zero_()
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, whole and in fp32 (a copy), as a single-process model would hold it."""

@@ -46,33 +46,41 @@ class ShardedAdam:
         flats = [self.exp_avg_flat, self.exp_avg_sq_flat] + ([self.master_flat] if self.mixed else [])
         return sum(t.numel() * t.element_size() for t in flats)
 
-    def step(self, grads: list[torch.Tensor]) -> None:
-        """One Adam update with fp32 `grads` (same pieces as `params`, already unscaled/clipped)."""
+    def step(self, grads: list[torch.Tensor], after_piece=lambda i: None) -> None:
+        """One Adam update with fp32 `grads` (same pieces as `params`, already unscaled/clipped),
+        piece by piece; `after_piece(i)` runs once piece i's parameters are final, so the engine
+        can send them while the next piece is updated."""
         t = self.train
-        adam(
-            self.master,
-            grads,
-            self.exp_avg,
-            self.exp_avg_sq,
-            [],
-            self.steps,
-            foreach=False,
-            fused=self.master[0].device.type == "cpu",
-            amsgrad=False,
-            beta1=t.betas[0],
-            beta2=t.betas[1],
-            lr=t.lr,
-            weight_decay=t.weight_decay,
-            eps=t.eps,
-            maximize=False,
-        )
-        self.write_back()
+        fused = self.master[0].device.type == "cpu"
+        for i in range(len(self.params)):
+            adam(
+                [self.master[i]],
+                [grads[i]],
+                [self.exp_avg[i]],
+                [self.exp_avg_sq[i]],
+                [],
+                [self.steps[i]],
+                foreach=False,
+                fused=fused,
+                amsgrad=False,
+                beta1=t.betas[0],
+                beta2=t.betas[1],
+                lr=t.lr,
+                weight_decay=t.weight_decay,
+                eps=t.eps,
+                maximize=False,
+            )
+            self._write_back(i)
+            after_piece(i)
 
     def write_back(self) -> None:
         """Copy the fp32 master into the 16-bit parameter pieces (nothing to do in fp32)."""
+        for i in range(len(self.params)):
+            self._write_back(i)
+
+    def _write_back(self, i: int) -> None:
         if self.mixed:
-            for p, m in zip(self.params, self.master):
-                p.copy_(m)
+            self.params[i].copy_(self.master[i])
 
 
 def global_grad_norm(grads: list[torch.Tensor], comms: Comms, groups: list[Group]) -> torch.Tensor:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerobench.comms import Comms
+from zerobench.comms import Comms, Handle
 from zerobench.config import ConfigError
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.partition import FlatLayout
@@ -286,11 +286,12 @@ class Stage3Engine(ZeroEngine):
         if bucket.index in self._ready and not self._uses.get(bucket.index):
             self._release(bucket.index)
 
-    def _sync_params(self) -> None:
+    def _gather_bucket(self, i: int) -> Handle:
         """Only persistent buckets are whole on every rank: gather their updated chunks."""
-        for b, whole in self.whole.items():
-            mine = self.optimizer.params[b].clone()
-            self.comms.all_gather(whole, mine, self.ctx.dp)
+        whole = self.whole.get(i)
+        if whole is None:
+            return Handle(None, None)
+        return self.comms.all_gather(whole, self.optimizer.params[i].clone(), self.ctx.dp, async_op=True)
 
     # -- inspection -----------------------------------------------------------------------------
     @property
