@@ -182,3 +182,21 @@ def test_unaligned_head_size_runs_attention_off_tensor_cores():
     assert slow - fast == pytest.approx(extra)
     aligned = dataclasses.replace(model, heads=20)  # head size 80: aligned, no penalty
     assert compute_time(aligned, 1, 24, 1, True, V100, DEFAULT)[0] < slow
+
+
+def test_ddp_all_reduce_hides_behind_backward_megatron_does_not():
+    model, train = PRESETS["ddp-1.16b"], TrainConfig(micro_batch=8)
+    ddp = ParallelConfig(dp=128, mp=1, stage=0, checkpoint_activations=True)
+    hidden = predict(model, ddp, PAPER_PRECISION, train, "v100-32gb-dgx2")
+    exposed = predict(model, ddp, PAPER_PRECISION, train, "v100-32gb-dgx2",
+                      cal=DEFAULT.replace(ddp_overlap=False))  # fmt: skip
+    assert exposed.dp_comm_s > 0 and hidden.dp_comm_s < exposed.dp_comm_s
+    # PyTorch DDP buckets all-reduce during backward: only what outlasts the last backward shows
+    reduce_s, _ = network.dp_comm_times(model.num_params, 0, 128, 1, 2, V100, DEFAULT)
+    assert hidden.dp_comm_s == pytest.approx(max(0.0, reduce_s - 0.75 * hidden.compute_s))
+    megatron = ParallelConfig(dp=25, mp=16, stage=0, checkpoint_activations=True)  # Megatron's DDP: after backward
+    big = PRESETS["gpt-60b-scaling"]  # 32 heads: divisible by mp 16
+    on = predict(big, megatron, PAPER_PRECISION, TrainConfig(micro_batch=1), "v100-32gb-dgx2")
+    off = predict(big, megatron, PAPER_PRECISION, TrainConfig(micro_batch=1), "v100-32gb-dgx2",
+                  cal=DEFAULT.replace(ddp_overlap=False))  # fmt: skip
+    assert on.dp_comm_s == pytest.approx(off.dp_comm_s)

@@ -12,13 +12,21 @@ from zerobench.perfmodel.artifacts import ARTIFACTS, mape
 from zerobench.perfmodel.batch_check import batch_check
 
 # Achieved MAPE per artifact over every paper number it has (fit points included), in %.
-ACHIEVED = {"table2": 2.3, "fig2": 10.4, "fig3": 10.6, "fig5": 12.8, "fig6": 2.6, "fig7": 19.9, "fig8": 7.6}
+ACHIEVED = {"table2": 2.3, "fig2": 11.9, "fig3": 7.6, "fig5": 12.8, "fig6": 2.6, "fig7": 19.7, "fig8": 6.4}
 MARGIN = 1.0  # percentage points
 MISSES_10 = {  # why the 10% target is missed (see docs/perfmodel.md, "What misses")
-    "fig2": "40B ZeRO (MP 4) runs 25% above the paper, 120B 17%; speed-ups inherit two errors",
-    "fig3": "the paper's 64-GPU point is 33% below any memory-limited batch the model allows",
+    "fig2": "MP 4 ZeRO runs 12-24% above the paper, MP 16 8-10% below; baseline 40B's batch 4 does not fit",
     "fig5": "C2 (60B) is inconsistent with C1/C3/C4 under any per-parameter accounting (+43%)",
     "fig7": "C3's tabulated batch is impossible without P_a; C1 and C5 disagree with Fig 3's rates",
+}
+# Paper points more than 25% off, with the reason (docs/perfmodel.md, "What misses").
+MISSES_25 = {
+    ("fig2", "baseline 40B"): "listed batch 4 does not fit; at 2 it is 46% fast, and 5.0 conflicts with 60B's 6.3",
+    ("fig5", "C2"): "60B is inconsistent with C1/C3/C4 (+43%)",
+    ("fig7", "60B C1"): "C1 at batch 2 is 1.4x faster per sample than C2 at batch 4 in the paper",
+    ("fig7", "60B C3"): "the listed batch 32 needs 40 GB of checkpoints; at the 9 that fits: +47%",
+    ("fig7", "60B C5"): "31.9 at batch 8 is faster per sample than Fig 3's 64-GPU run at batch 16",
+    ("fig8", "DDP 1.38B"): "batch 1: the paper's step is shorter than the model's compute alone",
 }
 
 
@@ -54,7 +62,25 @@ def test_mape_target_10_percent(frames, name):
     assert mape(frames[name])[0] <= 10.0
 
 
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.xfail(reason="; ".join(r for (a, _), r in MISSES_25.items() if a == n),
+                                             strict=True)) if any(a == n for a, _ in MISSES_25) else n
+     for n in sorted(ACHIEVED)],
+)  # fmt: skip
+def test_no_point_worse_than_25_percent(frames, name):
+    assert mape(frames[name])[1] <= 25.0
+
+
+def test_points_worse_than_25_percent_are_the_known_ones(frames):
+    worse = {(n, k) for n in ACHIEVED for k, e in zip(frames[n]["key"], frames[n]["error_pct"], strict=True)
+             if e == e and e is not None and abs(float(e)) > 25.0}  # fmt: skip
+    assert worse == set(MISSES_25)  # a new one is a regression, a fixed one an update
+
+
 def test_fig3_superlinear_from_memory(frames):
+    from zerobench.perfmodel.paper_setups import FIG3_SWEEP
+
     df = frames["fig3"]
     per_gpu = df[df.series == "TFLOPS/GPU"].set_index("gpus")
     total = df[df.series == "total TFLOPS"].set_index("gpus")["ours"]
@@ -62,6 +88,9 @@ def test_fig3_superlinear_from_memory(frames):
     assert per_gpu.loc[128, "ours"] > per_gpu.loc[64, "ours"]
     batches = per_gpu["micro_batch"].tolist()  # chosen by memory, not put in
     assert batches[0] < batches[1] <= max(batches)
+    for gpus, run in per_gpu.iterrows():  # the largest of the authors' sweep that fits, never the paper's pick
+        assert run["micro_batch"] == max(g for g in FIG3_SWEEP[gpus] if g <= run["max_micro_batch"])
+    assert per_gpu.loc[64, "max_micro_batch"] < 32  # the next sweep value does not fit at DP 4
 
 
 def test_fig5_order(frames):

@@ -88,7 +88,11 @@ def predict(
     psi = model.num_params / mp
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal)
     bwd_last = comp / ga * compute.backward_fraction(recompute)
-    hidden = cal.overlap_grad_reduce and parallel.stage >= 2  # P_g reduces buckets during backward (paper §5.2)
+    # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
+    # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
+    # launches from autograd hooks as each bucket's gradients are ready. Megatron's own DDP (mp > 1)
+    # all-reduces after backward.
+    hidden = (cal.overlap_grad_reduce and parallel.stage >= 2) or (cal.ddp_overlap and parallel.stage == 0 and mp == 1)
     updated = psi / parallel.dp if parallel.stage >= 1 else psi
     return Prediction(
         fits=mem.fits,
