@@ -12,6 +12,7 @@ configfile: Path(workflow.basedir) / "workflows/config/config.yaml"
 
 include: "workflows/common.smk"
 include: "workflows/trials.smk"
+include: "workflows/peers.smk"
 include: "workflows/artifacts.smk"
 
 

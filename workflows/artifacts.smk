@@ -37,6 +37,7 @@ rule plot:
 rule report:
     """REPORT.md: per artifact, the paper's numbers beside ours, the error and a verdict."""
     input:
+        unpack(peers_report_input),
         sheets=sheet_files,
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
         figures=expand("figures/{artifact}.png", artifact=SHEETS),
@@ -46,5 +47,7 @@ rule report:
         "results/logs/report.log",
     conda:
         "envs/zerobench.yaml"
+    params:
+        peers=peers_report_flag,
     shell:
-        "python -m zerobench.cli report {input.sheets} --tables {input.tables} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli report {input.sheets} --tables {input.tables} {params.peers} --out {output} > {log} 2>&1"

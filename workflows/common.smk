@@ -140,3 +140,29 @@ wildcard_constraints:
     source="measured|traced|modelled",
     trial=r"[A-Za-z0-9.~-][A-Za-z0-9._~-]*",
     artifact=r"[a-z0-9_]+",
+
+
+# -- the peers comparison (workflows/peers.smk) ----------------------------------------------
+# Defaults: issue 7's benchmark. A `peers:` mapping in the config overrides any of them; smoke
+# runs take the tiny model for a couple of steps. Clipping is off by default so that the losses
+# compare the engines: torch's fp32 CPU norm kernel (clip_grad_norm_, used by DDP, ZeRO-1 and
+# FSDP2 here) is off by ~1e-4 relative on 10^7-element gradients (pytorch/pytorch#169237), which
+# alone moves their losses by 2-3e-4 within 10 steps. `in_report` adds the table to REPORT.md.
+PEERS = {
+    "model": "tiny" if config.get("smoke") else "cpu-100m",
+    "dp": 2,
+    "micro_batch": 1,
+    "warmup": 1 if config.get("smoke") else 2,
+    "steps": 2 if config.get("smoke") else 8,
+    "clip_norm": 0.0,
+    "in_report": False,
+    **config.get("peers", {}),
+}
+
+
+def peers_report_input(wildcards):
+    return {"peers": "results/peers.csv"} if PEERS["in_report"] else {}
+
+
+def peers_report_flag(wildcards):
+    return "--peers results/peers.csv" if PEERS["in_report"] else ""

@@ -214,7 +214,7 @@ def cmd_plot(args) -> int:
 def cmd_report(args) -> int:
     from zerobench.report import write_report
 
-    write_report(args.sheets, args.tables, args.out)
+    write_report(args.sheets, args.tables, args.out, peers=args.peers)
     return 0
 
 
@@ -349,6 +349,7 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="REPORT.md: the paper's numbers beside ours, error and verdict")
     report.add_argument("sheets", nargs="+", help="workflow sheets (YAML), one per artifact")
     report.add_argument("--tables", nargs="+", required=True, help="results/<artifact>.csv, as named by the sheets")
+    report.add_argument("--peers", help="results/peers.csv: add the side-by-side comparison")
     report.add_argument("--out", required=True)
     report.set_defaults(fn=cmd_report)
     return p

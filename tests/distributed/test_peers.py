@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from tests.engine_cases import reference_run, spec_for
 from tests.worlds import spawned
-from zerobench import cli
+from zerobench import cli, report
 from zerobench.peers import common, runner, summary
 from zerobench.peers.common import CollectiveObserver, Unavailable, train_on_rank
 
@@ -111,7 +111,7 @@ def _row(impl, stage, t, rss, losses, family="torch"):
             "step_time_s": t, "step_time_min_s": t * 0.9, "step_time_max_s": t * 1.1, "peak_rss_bytes": rss,
             "losses": json.dumps(losses), "model": "tiny", "num_params": 1e6, "dp": 2, "precision": "fp32",
             "global_batch": 2, "threads_per_rank": 1, "steps": 5, "warmup": 1, "peer_version": "x",
-            "comm_bytes_per_step": 8e6, "loadavg_before": 1.0, "loadavg_after": 2.0}  # fmt: skip
+            "comm_bytes_per_step": 8e6, "loadavg_before": 1.0, "loadavg_after": 2.0, "clip_norm": 0.0}  # fmt: skip
 
 
 def test_ratios_table_and_figure(tmp_path):
@@ -131,7 +131,9 @@ def test_ratios_table_and_figure(tmp_path):
     runner.write_csv(rows, csv)
     table = summary.peers_markdown(csv)
     assert "| 0 | ddp | x | 4.000 [3.600–4.400] |" in table and "| 0.50 | 0.50 |" in table
-    assert "error: boom" in table
+    assert "error: boom" in table and "no gradient clipping" in table
+    section = report.peers_section(str(csv))
+    assert section.startswith("## Side by side") and table in section
     summary.plot_peers(csv, png)
     assert png.stat().st_size > 10_000
     assert set(summary.losses_of(csv)) == {"ours-0", "ddp", "fsdp2-reshard"}

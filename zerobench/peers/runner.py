@@ -14,7 +14,7 @@ from zerobench.peers.common import IMPLEMENTATIONS, Unavailable, family, measure
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
-    "precision", "micro_batch", "global_batch", "warmup", "steps", "threads_per_rank",
+    "precision", "micro_batch", "global_batch", "warmup", "steps", "clip_norm", "threads_per_rank",
     "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s",
     "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes",
     "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
@@ -42,6 +42,7 @@ def _base_row(impl: str, spec) -> dict:
         "global_batch": spec.global_batch,
         "warmup": spec.train.warmup,
         "steps": spec.train.steps,
+        "clip_norm": spec.train.clip_norm,
         "threads_per_rank": 1,
         "peer_version": f"{peer} {vers.get(peer, '0.1.0')}" + (f" / torch {vers['torch']}" if peer != "torch" else ""),
         "versions": json.dumps(vers),

@@ -30,8 +30,8 @@ def peers_markdown(csv_path) -> str:
         f"Measured on one machine, one implementation at a time: `{first['model']}` "
         f"({first['num_params'] / 1e6:.1f}M parameters), dp = {first['dp']}, {first['precision']}, "
         f"global batch {first['global_batch']}, {first['threads_per_rank']} thread per rank, median of "
-        f"{first['steps']} steps after {first['warmup']} warm-up. Ratios are ours / peer at the same stage "
-        f"(< 1: ours faster or smaller). Load average (1 min) during the runs: "
+        f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}. Ratios are ours / peer "
+        f"at the same stage (< 1: ours faster or smaller). Load average (1 min) during the runs: "
         f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}.\n\n"
     )
     lines = [
@@ -53,6 +53,13 @@ def peers_markdown(csv_path) -> str:
             f"| {_fmt(r['rss_ratio_ours_over'], '.2f')} |"
         )
     return head + "\n".join(lines) + "\n"
+
+
+def _clipping(row) -> str:
+    clip = row.get("clip_norm")
+    if clip is None or clip != clip:  # a CSV written before the column existed
+        return "gradient clipping as configured"
+    return f"gradient-norm clipping at {clip:g}" if clip > 0 else "no gradient clipping"
 
 
 def _order(col):
