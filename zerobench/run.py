@@ -310,7 +310,15 @@ def _launch(spec: TrialSpec) -> None:
     try:  # each rank runs `python -m zerobench.run SPEC`, as torchrun would start it
         elastic_launch(config, sys.executable)("-m", "zerobench.run", str(spec_file))
     except ChildFailedError as exc:
+        # Exit status 1 is a rank that reported its own failure (__main__ below); any other status
+        # is a rank that died, which its peers only see as a closed connection.
+        failures = exc.failures.values()
+        died = [f"rank {f.local_rank} exited with status {f.exitcode}" for f in failures if f.exitcode != 1]
         if Path(spec.out).exists():  # rank 0 wrote why before the launcher stopped the ranks
+            record = results.read_record(spec.out)
+            if died and record.get("status") == "error":
+                record["error"] = f"{'; '.join(died)} — {record['error']}"
+                results.write_record(record, spec.out)
             return
         first = next(iter(exc.failures.values()))
         watchdog = any(f.exitcode == faults.WATCHDOG_EXIT for f in exc.failures.values())

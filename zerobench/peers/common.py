@@ -84,6 +84,7 @@ _OPS = {
     "all_gather_single": "all_gather",
     "_all_gather_base": "all_gather",
     "all_gather": "all_gather",
+    "isend": "send",  # point-to-point: our comms' pairwise exchange on gloo (bytes sent)
 }
 
 
@@ -152,6 +153,13 @@ def train_on_rank(impl: str, spec, observer: CollectiveObserver | None = None) -
     return {"losses": losses, "times": times, "base_rss": base_rss, "note": trainer.note, "trainer": trainer}
 
 
+def timed_collectives(trainer, observer: CollectiveObserver) -> dict:
+    """Calls and message bytes per op over the timed steps: from the trainer's own ledger where it
+    keeps one (ours: the logical collectives, however comms.py realizes them), else as observed."""
+    own = getattr(trainer, "timed_collectives", None)
+    return own() if own is not None else observer.counts
+
+
 def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> None:
     from zerobench.run import spec_from_dict
 
@@ -180,7 +188,7 @@ def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> N
                 "losses": loss_t.tolist(),
                 "peak_rss": [p for p, _ in per_rank],
                 "base_rss": [b for _, b in per_rank],
-                "comm": observer.counts,
+                "comm": timed_collectives(out["trainer"], observer),
                 "note": out["note"],
             }
             with open(os.path.join(tmp, "out.pkl"), "wb") as f:

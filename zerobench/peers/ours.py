@@ -36,7 +36,18 @@ class Trainer:
         self.note = f"bucket_bytes={spec.parallel.bucket_bytes}"
 
     def step(self, step: int) -> float:
+        if step == self.spec.train.warmup:
+            self.comms.ledger.reset()  # from here on the ledger counts the timed steps only
         return train_steps(self.engine, self.spec, self.ctx, 1, first_step=step)[0]
+
+    def timed_collectives(self) -> dict:
+        """Calls and message bytes per op of the timed steps, from our ledger."""
+        out: dict[str, dict[str, int]] = {}
+        for (op, _group), e in self.comms.ledger.entries.items():
+            entry = out.setdefault(op, {"calls": 0, "bytes": 0})
+            entry["calls"] += e.calls
+            entry["bytes"] += e.bytes
+        return out
 
 
 def build(impl: str, spec) -> Trainer:
