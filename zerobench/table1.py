@@ -26,8 +26,9 @@ from zerobench.results import load_paper_reference
 GB = 1e9  # the paper's GB
 STAGES = {1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 NDS = (1, 4, 16, 64, 256, 1024)
-# traced by default: a trace costs ~10-20 s of CPU per cell here (zerobench/trace.py), so three N_d
-# per model; the formula covers every cell, and `--all` traces all 54
+# traced by default: a cell's trace (the engine built, no step) costs ~1-6 s of CPU here, plus ~3 s
+# once to import torch._dynamo (zerobench/trace.py), so three N_d per model; the formula covers
+# every cell, and `--all` traces all 54
 TRACED_NDS = (4, 64, 1024)
 # paper's size in billions -> a GPT shape with exactly that many parameters (seq 1024). Table 1
 # depends on Ψ alone; few wide layers keep the traces short (their cost grows with the number of

@@ -1,6 +1,7 @@
 import pytest
+import torch
 
-from zerobench.zero.partition import FlatLayout
+from zerobench.zero.partition import FlatLayout, coalesce
 
 SHAPES = [("a", (3, 5)), ("b", (7,)), ("c", (4, 4)), ("d", (1,)), ("e", (10,))]
 
@@ -39,3 +40,18 @@ def test_explicit_groups_and_bad_groups():
         FlatLayout(SHAPES, 2, groups=[[0, 1], [2]])
     with pytest.raises(ValueError, match="nd="):
         FlatLayout(SHAPES, 0, 16)
+
+
+def test_coalesce_joins_only_pieces_that_follow_one_another_in_one_storage():
+    flat, other = torch.arange(10.0), torch.arange(4.0)
+    joined = coalesce(list(flat.split([3, 3, 4])) + [flat[:2], flat[4:6], other[:2], other[2:]])
+    # the split (one run), then a piece that restarts, a gap, another storage (one run)
+    assert [(t.untyped_storage() is flat.untyped_storage(), t.storage_offset(), t.numel()) for t in joined] == [
+        (True, 0, 10),
+        (True, 0, 2),
+        (True, 4, 2),
+        (False, 0, 4),
+    ]
+    assert torch.equal(joined[0], flat) and torch.equal(joined[3], other)
+    strided = flat[::2]  # not contiguous: left alone
+    assert coalesce([strided, flat[5:]])[0] is strided

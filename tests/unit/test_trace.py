@@ -9,11 +9,11 @@ import torch.distributed as dist
 from tests.engine_cases import spec_for
 from zerobench import memory
 from zerobench.table1 import MODELS, printed, table1, traced_state_bytes
-from zerobench.trace import StorageCounter, fake_mode, fake_world, trace_record, trace_states, trace_step
+from zerobench.trace import StorageCounter, fake_world, trace_record, trace_states, trace_step
 
 
 def test_counter_files_bytes_by_category_and_keeps_the_peak():
-    with fake_mode(), StorageCounter() as c:
+    with StorageCounter() as c:
         c.phase = "activation"
         a = torch.empty(1000)  # 4000 bytes
         c.tag([a], "param")

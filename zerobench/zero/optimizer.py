@@ -16,6 +16,7 @@ from torch.optim.adam import adam
 from zerobench.comms import Comms
 from zerobench.config import TrainConfig
 from zerobench.parallel.topology import Group
+from zerobench.zero.partition import coalesce
 
 
 class ShardedAdam:
@@ -87,7 +88,7 @@ def global_grad_norm(grads: list[torch.Tensor], comms: Comms, groups: list[Group
     """L2 norm of the gradient across all shards: local sum of squares, summed over `groups`
     (the groups across which the gradient is partitioned)."""
     sq = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
-    for g in grads:
+    for g in coalesce(grads):
         sq += _sum_of_squares(g)
     for group in groups:
         comms.all_reduce(sq, group)
@@ -108,7 +109,7 @@ def clip_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> Non
     if max_norm <= 0:
         return
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for g in grads:
+    for g in coalesce(grads):
         g.mul_(coef)
 
 

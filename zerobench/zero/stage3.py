@@ -35,6 +35,7 @@ Model states between steps: (p + g + k)·shard bytes, the shard being Ψ/N_d plu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,11 @@ from zerobench.comms import Comms, Handle
 from zerobench.config import ConfigError
 from zerobench.zero.engine import ZeroEngine
 from zerobench.zero.partition import FlatLayout
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major (contiguous) strides of `shape`, in elements."""
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
 @dataclass(frozen=True)
@@ -113,31 +119,47 @@ class Stage3Engine(ZeroEngine):
         return FlatLayout(shapes, self.ctx.dp.size, groups=groups)
 
     def _place_parameters(self) -> None:
-        """This rank's chunk of every partitioned bucket into `shard`; persistent buckets whole."""
-        rank = self.ctx.dp.rank
+        """This rank's chunk of every partitioned bucket into `shard`, concatenated from the parts of
+        the parameters that overlap it (no whole bucket is built: at N_d = 400 a chunk overlaps one
+        or two parameters); persistent buckets whole."""
+        rank, dtype = self.ctx.dp.rank, self.dtype
         managed = self.layout.buckets[: self.managed]
-        self.shard = torch.zeros(sum(b.chunk for b in managed), dtype=self.dtype, device=self.device)
+        parts, self.whole = [], {}
+        with torch.no_grad():
+            for bucket in self.layout.buckets:
+                keep = bucket.index < self.managed
+                lo, hi = (rank * bucket.chunk, (rank + 1) * bucket.chunk) if keep else (0, bucket.padded)
+                mine = []  # [lo, hi) of the bucket: parameter parts, then zero padding
+                for i in bucket.slots:
+                    a = self.layout.slots[i].offset - bucket.start
+                    start, end = max(a, lo), min(a + self.layout.slots[i].numel, hi)
+                    if start < end:
+                        mine.append(self.params[i].reshape(-1)[start - a : end - a].to(dtype))
+                done = sum(t.numel() for t in mine)
+                if done < hi - lo:
+                    mine.append(torch.zeros(hi - lo - done, dtype=dtype, device=self.device))
+                if keep:
+                    parts += mine
+                else:
+                    self.whole[bucket.index] = torch.cat(mine)
+            self.shard = torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=self.device)
         self._shard_pieces = list(self.shard.split([b.chunk for b in managed]))
-        self.whole: dict[int, torch.Tensor] = {}
-        self._released = torch.zeros((), dtype=self.dtype, device=self.device)
+        released = torch.zeros((), dtype=self.dtype, device=self.device)
+        # a released parameter's data, one per shape (shared: it has no storage of its own to
+        # write), made here so that releasing dispatches no op
+        shapes = {self.layout.slots[i].shape for b in managed for i in b.slots}
+        self._released = {shape: released.expand(shape) for shape in shapes}
         for bucket in self.layout.buckets:
-            flat = torch.zeros(bucket.padded, dtype=self.dtype, device=self.device)
-            for i in bucket.slots:
-                slot, p = self.layout.slots[i], self.params[i]
-                flat[slot.offset - bucket.start :][: slot.numel].copy_(p.detach().reshape(-1))
-            if bucket.index < self.managed:
-                self._shard_pieces[bucket.index].copy_(flat[rank * bucket.chunk :][: bucket.chunk])
-                self._point(bucket, None)
-            else:
-                self.whole[bucket.index] = flat
-                self._point(bucket, flat)
+            self._point(bucket, self.whole.get(bucket.index))
 
     def _point(self, bucket, flat: torch.Tensor | None) -> None:
-        """Parameters of `bucket` become views of `flat`, or released (None)."""
+        """Parameters of `bucket` become views of `flat` (one op each), or released (None)."""
         for i in bucket.slots:
-            slot, p = self.layout.slots[i], self.params[i]
-            lo = slot.offset - bucket.start
-            p.data = self._released.expand(slot.shape) if flat is None else flat[lo : lo + slot.numel].view(slot.shape)
+            if flat is None:
+                self.params[i].data = self._released[self.layout.slots[i].shape]
+            else:
+                slot = self.layout.slots[i]
+                self.params[i].data = flat.as_strided(slot.shape, _strides(slot.shape), slot.offset - bucket.start)
 
     def _param_pieces(self) -> list[torch.Tensor]:
         rank = self.ctx.dp.rank
