@@ -64,6 +64,7 @@ def _spawned_main(rank: int, n: int, tmp: str, fn, args):
         result = fn(rank, *args)
         with open(os.path.join(tmp, f"out{rank}.pkl"), "wb") as f:
             pickle.dump(result, f)
+        dist.barrier()  # exit together (see zerobench.run.worker)
     finally:
         dist.destroy_process_group()
 

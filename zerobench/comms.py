@@ -116,15 +116,17 @@ def _exchange(group: Group, send, recv) -> list:
 
 
 def _reduce_scatter_pairwise(out: torch.Tensor, inp: torch.Tensor, group: Group) -> _Exchange:
-    c = out.numel()
-    chunks = list(inp.split(c))
-    received = {j: torch.empty_like(out) for j in range(group.size) if j != group.rank}
+    chunks = list(inp.split(out.numel()))
+    others = [j for j in range(group.size) if j != group.rank]
+    # The first other rank's chunk lands in `out` itself (one buffer fewer: none at all for two
+    # ranks); the rest are added in rank order, so every rank sums in the same order (the first
+    # pair is commutative, so it does not matter which of ranks 0 and 1 is this one).
+    received = {j: out if j == others[0] else torch.empty_like(out) for j in others}
 
-    def finish() -> None:  # summed in rank order, whichever rank this is
-        parts = [received.get(j, chunks[j]) for j in range(group.size)]
-        torch.add(parts[0], parts[1], out=out)
-        for part in parts[2:]:
-            out.add_(part)
+    def finish() -> None:
+        for j in range(group.size):
+            if j != others[0]:
+                out.add_(received.get(j, chunks[j]))
 
     return _Exchange(_exchange(group, chunks.__getitem__, received.__getitem__), finish)
 

@@ -193,6 +193,9 @@ def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> N
             }
             with open(os.path.join(tmp, "out.pkl"), "wb") as f:
                 pickle.dump(raw, f)
+        # Tear down together: a rank that exits while its peer still holds their gloo pairs open
+        # can abort in gloo's threads at exit (seen with point-to-point traffic, ~1 run in 8).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -11,8 +11,10 @@ micro-batch, accumulating locally first) while stage 2 reduce-scatters every mic
 (m + 1)Ψ(N_d−1)/N_d, the price of not holding a full gradient buffer.
 
 Reductions are issued from post-accumulate-grad hooks bucket by bucket, asynchronously, so they
-overlap with the rest of backward; at most `MAX_IN_FLIGHT` buckets are in flight at once, which
-bounds the staging memory of stage 2 to a constant number of C_B-sized buffers (§6.2).
+overlap with the rest of backward. Stage 2 keeps at most `MAX_IN_FLIGHT` buckets in flight, which
+bounds its staging memory to a constant number of C_B-sized buffers (§6.2); stages 0 and 1 reduce
+out of the full gradient buffer they hold anyway, so backward never waits on them (stage 1's
+reduce-scatter outputs, C_B/N_d each, add at most Ψ/N_d elements while in flight).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from zerobench.parallel.topology import ParallelContext
 from zerobench.zero.optimizer import LossScaler, ShardedAdam, clip_, global_grad_norm
 from zerobench.zero.partition import FlatLayout
 
-MAX_IN_FLIGHT = 2  # buckets whose reduction may be outstanding at once
+MAX_IN_FLIGHT = 2  # stage 2: buckets whose reduction may be outstanding at once
 
 
 class ZeroEngine:
@@ -139,7 +141,8 @@ class ZeroEngine:
         return hook
 
     def _reduce(self, bucket) -> None:
-        self._drain(MAX_IN_FLIGHT - 1)
+        if self.stage >= 2:
+            self._drain(MAX_IN_FLIGHT - 1)
         dp = self.ctx.dp
         if self.stage == 0:
             buf = self.flat_grad[bucket.start : bucket.start + bucket.padded]
