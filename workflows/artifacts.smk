@@ -9,6 +9,8 @@ rule table:
         "results/{artifact}.csv",
     log:
         "results/logs/table_{artifact}.log",
+    wildcard_constraints:
+        artifact="|".join(SHEETS),  # sheets only: results/peers.csv has a rule of its own
     conda:
         "envs/zerobench.yaml"
     params:
@@ -25,6 +27,8 @@ rule plot:
         "figures/{artifact}.png",
     log:
         "results/logs/plot_{artifact}.log",
+    wildcard_constraints:
+        artifact="|".join(SHEETS),  # sheets only: results/peers.csv has a rule of its own
     conda:
         "envs/zerobench.yaml"
     params:

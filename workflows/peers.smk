@@ -5,11 +5,6 @@
 # it reruns the comparison only when that file is missing. Settings: PEERS in common.smk.
 
 
-# results/peers.csv and figures/peers.png also match the generic table/plot rules' patterns.
-ruleorder: peers > table
-ruleorder: peers > plot
-
-
 rule peers:
     """Measured side by side: median step time, spread, peak RSS per rank, collective bytes and
     per-step losses of every implementation, with the ratios ours / peer."""
