@@ -23,6 +23,8 @@ from torch.testing._internal.distributed.multi_threaded_pg import (
     _uninstall_threaded_pg,
 )
 
+from zerobench.parallel.topology import leave_together
+
 
 def threaded(n: int, fn, *args):
     world = _install_threaded_pg()
@@ -64,9 +66,10 @@ def _spawned_main(rank: int, n: int, tmp: str, fn, args):
         result = fn(rank, *args)
         with open(os.path.join(tmp, f"out{rank}.pkl"), "wb") as f:
             pickle.dump(result, f)
-        dist.barrier()  # exit together (see zerobench.run.worker)
+        leave_together()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a failed rank leaves alone
+            dist.destroy_process_group()
 
 
 def spawned(n: int, fn, *args):

@@ -57,7 +57,9 @@ def _train_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None:
     g.add_argument("--steps", type=int, default=5, help="timed steps")
     g.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
     g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument("--clip-norm", type=float, default=1.0, help="global gradient-norm clip; 0 disables it")
+    g.add_argument(
+        "--clip-norm", type=float, default=TrainConfig.clip_norm, help="global gradient-norm clip; 0 disables it"
+    )
     g.add_argument("--seed", type=int, default=1234)
 
 

@@ -239,9 +239,7 @@ def worker(spec_dict: dict) -> str:
             if ctx.rank == 0 and spec.out:
                 results.write_record(record, spec.out)
             if record["status"] == "ok" and world > 1:
-                # Tear down together: a rank that exits while a peer still holds their gloo pairs
-                # open can abort in gloo's threads at exit (seen with point-to-point traffic).
-                dist.barrier()
+                topology.leave_together()  # inside the watchdog: a peer that never arrives is bounded
         return record["status"]
     finally:
         if dist.is_initialized():

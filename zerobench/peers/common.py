@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.model import GPT
+from zerobench.parallel.topology import leave_together
 
 # Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to). Ordered by
 # stage, so each stage's rows are measured close together in time (a shared machine's load drifts).
@@ -193,11 +194,10 @@ def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> N
             }
             with open(os.path.join(tmp, "out.pkl"), "wb") as f:
                 pickle.dump(raw, f)
-        # Tear down together: a rank that exits while its peer still holds their gloo pairs open
-        # can abort in gloo's threads at exit (seen with point-to-point traffic, ~1 run in 8).
-        dist.barrier()
+        leave_together()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a failed rank leaves alone
+            dist.destroy_process_group()
 
 
 def measure(impl: str, spec) -> dict:
