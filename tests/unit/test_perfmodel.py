@@ -80,6 +80,27 @@ def test_groups_use_the_links_they_cross():
     r3, e3 = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, cal)
     assert r0 + e0 == pytest.approx(r2 + e2)
     assert r3 + e3 == pytest.approx(1.5 * (r2 + e2))
+    # P_os: reduce-scatter as stage 2 (DeepSpeed May 2020); ZeRO-OS's all-reduce is 1.5x that
+    r1, e1 = network.dp_comm_times(1e9, 1, 25, 16, 2, V100, cal)
+    a1, g1 = network.dp_comm_times(1e9, 1, 25, 16, 2, V100, cal.replace(zero_os_stage1=True))
+    assert (r1, e1) == (r2, e2)
+    assert a1 + g1 == pytest.approx(1.5 * (r2 + e2))
+
+
+def test_p_os_reduction_transient_is_one_more_copy_of_the_gradients():
+    model, stage1 = PRESETS["gpt-60b-scaling"], ParallelConfig(dp=25, mp=16, stage=1, checkpoint_activations=True)
+    psi = model.num_params / 16  # per MP rank
+    m = breakdown(model, stage1, FP16, 1, V100, DEFAULT)
+    assert m.reduce_transient_bytes == m.grad_bytes == 2 * psi  # the flat fp16 copy of every gradient
+    assert m.total_bytes == pytest.approx(m.model_state_bytes + m.buffer_bytes + max(m.activation_bytes, 2 * psi))
+    assert m.activation_bytes < m.reduce_transient_bytes  # at batch 1 the reduction is the peak
+    big = breakdown(model, stage1, FP16, 64, V100, DEFAULT)  # ... at batch 64 backward is
+    assert big.total_bytes == pytest.approx(big.model_state_bytes + big.buffer_bytes + big.activation_bytes)
+    zero_os = breakdown(model, stage1, FP16, 1, V100, DEFAULT.replace(zero_os_stage1=True))
+    assert zero_os.reduce_transient_bytes == 0.0 and zero_os.total_bytes < m.total_bytes
+    for stage in (0, 2, 3):  # only P_os copies: stage 2 reduces bucket by bucket during backward
+        other = dataclasses.replace(stage1, stage=stage)
+        assert breakdown(model, other, FP16, 1, V100, DEFAULT).reduce_transient_bytes == 0.0
 
 
 def test_mp_volume_is_six_allreduces_per_layer_with_checkpointing():

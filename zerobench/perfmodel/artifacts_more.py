@@ -23,6 +23,7 @@ def table2(cal: Calibration = DEFAULT) -> pd.DataFrame:
     model with residual memory (batch 1, checkpointing, no ZeRO-R: as the paper's measured runs,
     baseline Megatron and the older ZeRO-OS, i.e. P_os, without C_B/M_D/P_a)."""
     hw = get_profile("v100-32gb-dgx2")
+    zero_os = cal.replace(zero_os_stage1=True)  # the measured P_os column is ZeRO-OS (its label)
     rows = []
     for mp, (hidden, heads) in TABLE2_WIDTH.items():
         for stage, label in STAGES.items():
@@ -31,7 +32,7 @@ def table2(cal: Calibration = DEFAULT) -> pd.DataFrame:
             rows.append(row("table2", f"MP {mp} {label} theory", theory, p, source="formula", mp=mp, stage=stage))
             par = ParallelConfig(dp=64, mp=mp, stage=stage, checkpoint_activations=True, bucket_bytes=ps.PAPER_BUCKET)
             shape = ModelConfig(layers=1, hidden=hidden, heads=heads)
-            layers = max_layers(shape, par, PREC, 1, hw, cal)
+            layers = max_layers(shape, par, PREC, 1, hw, zero_os)
             size = ModelConfig(layers=max(layers, 1), hidden=hidden, heads=heads).num_params / 1e9 if layers else 0.0
             measured = None
             if stage in (0, 1):

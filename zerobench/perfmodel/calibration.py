@@ -26,7 +26,10 @@ class Calibration:
     ib_efficiency: float = 0.607  # achieved fraction of InfiniBand bandwidth (fitted)
     overlap_grad_reduce: bool = False  # ZeRO's gradient reduction hides behind the last backward (judged: no)
     ddp_overlap: bool = True  # PyTorch DDP (stage 0, mp 1) all-reduces its buckets during backward (judged: yes)
-    stage1_allreduce: bool = True  # P_os reduces with a full all-reduce (ZeRO-OS, early 2020; judged)
+    # P_os as DeepSpeed's code had it (judged, docs/perfmodel.md "P_os, two codes"). False: May 2020
+    # (the code with stage 2 and ZeRO-R, Fig 5-7): reduce-scatter of a flat copy of every gradient.
+    # True: ZeRO-OS of Feb 2020 (Table 2's "measured"): the engine all-reduces, no copy.
+    zero_os_stage1: bool = False
     nvlink_efficiency: float = 0.699  # achieved fraction of NVLink/NVSwitch bandwidth (fitted)
     # --- memory (fitted / judged) -----------------------------------------------------------
     reserve_bytes: float = 1.70 * GiB  # CUDA context, NCCL buffers, allocator slack: never usable (fitted)

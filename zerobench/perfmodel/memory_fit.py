@@ -14,6 +14,9 @@ Per GPU, in bytes (paper §3, §5, §6):
   as resident, 2Ψ + 18Ψ/N; counted resident here, see docs/perfmodel.md) for ZeRO, or the fp32 flattened
   gradient buffer of the whole model (4Ψ/N_m) that the baselines'
   fp16 optimizers keep (paper §3.2: 1.5B → 6 GB);
+- the reduction transient of P_os: DeepSpeed's stage 1 of May 2020 reduce-scatters a flattened
+  copy of all of the rank's fp16 gradients (2Ψ/N_m), built after backward, so it coexists with
+  model states and buffers but not with activations (not in ZeRO-OS, `zero_os_stage1`);
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
   unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases).
 """
@@ -42,6 +45,7 @@ class MemoryBreakdown:
     checkpoint_bytes: float
     working_bytes: float
     buffer_bytes: float
+    reduce_transient_bytes: float  # held while gradients are reduced, after backward freed activations
     usable_bytes: float  # device memory minus reserve and fragmentation
 
     @property
@@ -54,7 +58,9 @@ class MemoryBreakdown:
 
     @property
     def total_bytes(self) -> float:
-        return self.model_state_bytes + self.activation_bytes + self.buffer_bytes
+        """The peak: model states and buffers, plus backward's activations or the gradient
+        reduction's transient, whichever is larger (the reduction runs after backward)."""
+        return self.model_state_bytes + self.buffer_bytes + max(self.activation_bytes, self.reduce_transient_bytes)
 
     @property
     def fits(self) -> bool:
@@ -103,6 +109,7 @@ def breakdown(
         buffers = 0.0
     else:  # C_B: reduce + all-gather bucket; fp32 copy of this rank's gradient shard for Adam
         buffers = 2.0 * parallel.bucket_bytes + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
+    flat_copy = parallel.stage == 1 and not cal.zero_os_stage1
     lost = 0.0 if parallel.contiguous_buffers else cal.fragmentation * hw.memory_bytes
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
@@ -111,6 +118,7 @@ def breakdown(
         checkpoint_bytes=ckpt,
         working_bytes=working,
         buffer_bytes=buffers,
+        reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
         usable_bytes=hw.memory_bytes - cal.reserve_bytes - lost,
     )
 

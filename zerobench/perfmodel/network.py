@@ -18,9 +18,9 @@ the partitioned checkpoint to host and back.
 Overlap rule (stated once): with `Calibration.overlap_grad_reduce` off (the default: Megatron-LM
 2019 all-reduces after backward, DeepSpeed 0.2 reduces its buckets in the same stream) nothing
 overlaps: every collective and host copy adds to the step. With it on, the gradient reduction
-hides behind the last micro-batch's backward and only what outlasts it is exposed. ZeRO-OS as
-the paper ran it (P_os, early 2020) all-reduced gradients, 1.5x the volume of reduce-scatter
-(paper.md §5.8; `stage1_allreduce`).
+hides behind the last micro-batch's backward and only what outlasts it is exposed. P_os
+reduce-scatters (2Ψ) as DeepSpeed's stage 1 of May 2020 did; ZeRO-OS of Feb 2020 all-reduced,
+1.5x that volume (paper.md §5.8; `Calibration.zero_os_stage1`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def dp_comm_times(
     msg = params_per_rank * grad_bytes  # Ψ' in the 16-bit (or fp32) storage dtype
     if stage == 0:
         return group.all_reduce(msg), 0.0
-    if stage == 1 and cal.stage1_allreduce:  # ZeRO-OS as first released: all-reduce, 1.5x volume
+    if stage == 1 and cal.zero_os_stage1:  # ZeRO-OS as first released: all-reduce, 1.5x volume
         return group.all_reduce(msg), group.all_gather(msg)
     if stage in (1, 2):
         return group.reduce_scatter(msg), group.all_gather(msg)
