@@ -87,7 +87,7 @@ def test_groups_use_the_links_they_cross():
     assert a1 + g1 == pytest.approx(1.5 * (r2 + e2))
 
 
-def test_p_os_reduction_transient_is_one_more_copy_of_the_gradients():
+def test_reduction_transient_is_one_more_copy_of_the_gradients():
     model, stage1 = PRESETS["gpt-60b-scaling"], ParallelConfig(dp=25, mp=16, stage=1, checkpoint_activations=True)
     psi = model.num_params / 16  # per MP rank
     m = breakdown(model, stage1, FP16, 1, V100, DEFAULT)
@@ -98,9 +98,11 @@ def test_p_os_reduction_transient_is_one_more_copy_of_the_gradients():
     assert big.total_bytes == pytest.approx(big.model_state_bytes + big.buffer_bytes + big.activation_bytes)
     zero_os = breakdown(model, stage1, FP16, 1, V100, DEFAULT.replace(zero_os_stage1=True))
     assert zero_os.reduce_transient_bytes == 0.0 and zero_os.total_bytes < m.total_bytes
-    for stage in (0, 2, 3):  # only P_os copies: stage 2 reduces bucket by bucket during backward
+    for stage in (2, 3):  # stages 2-3 reduce bucket by bucket during backward: no full copy
         other = dataclasses.replace(stage1, stage=stage)
         assert breakdown(model, other, FP16, 1, V100, DEFAULT).reduce_transient_bytes == 0.0
+    megatron = breakdown(model, dataclasses.replace(stage1, stage=0), FP16, 1, V100, DEFAULT)
+    assert megatron.reduce_transient_bytes == megatron.grad_bytes == 2 * psi  # local DDP's coalesced buffer
 
 
 def test_mp_volume_is_six_allreduces_per_layer_with_checkpointing():

@@ -26,7 +26,7 @@ class Calibration:
     ib_efficiency: float = 0.607  # achieved fraction of InfiniBand bandwidth (fitted)
     overlap_grad_reduce: bool = False  # ZeRO's gradient reduction hides behind the last backward (judged: no)
     ddp_overlap: bool = True  # PyTorch DDP (stage 0, mp 1) all-reduces its buckets during backward (judged: yes)
-    # P_os as DeepSpeed's code had it (judged, docs/perfmodel.md "P_os, two codes"). False: May 2020
+    # P_os as DeepSpeed's code had it (judged, docs/perfmodel.md "Gradient copies"). False: May 2020
     # (the code with stage 2 and ZeRO-R, Fig 5-7): reduce-scatter of a flat copy of every gradient.
     # True: ZeRO-OS of Feb 2020 (Table 2's "measured"): the engine all-reduces, no copy.
     zero_os_stage1: bool = False

@@ -14,9 +14,11 @@ Per GPU, in bytes (paper §3, §5, §6):
   as resident, 2Ψ + 18Ψ/N; counted resident here, see docs/perfmodel.md) for ZeRO, or the fp32 flattened
   gradient buffer of the whole model (4Ψ/N_m) that the baselines'
   fp16 optimizers keep (paper §3.2: 1.5B → 6 GB);
-- the reduction transient of P_os: DeepSpeed's stage 1 of May 2020 reduce-scatters a flattened
-  copy of all of the rank's fp16 gradients (2Ψ/N_m), built after backward, so it coexists with
-  model states and buffers but not with activations (not in ZeRO-OS, `zero_os_stage1`);
+- the reduction transient: a flattened copy of all of the rank's fp16 gradients (2Ψ/N_m), built
+  after backward, so it coexists with model states and buffers but not with activations. The
+  baselines' Megatron-LM DDP coalesces every gradient into one buffer to all-reduce it, and
+  DeepSpeed's stage 1 of May 2020 flattens every rank's sub-partitions to reduce-scatter them
+  (not ZeRO-OS, `zero_os_stage1`; docs/perfmodel.md "Gradient copies");
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
   unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases).
 """
@@ -109,7 +111,7 @@ def breakdown(
         buffers = 0.0
     else:  # C_B: reduce + all-gather bucket; fp32 copy of this rank's gradient shard for Adam
         buffers = 2.0 * parallel.bucket_bytes + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
-    flat_copy = parallel.stage == 1 and not cal.zero_os_stage1
+    flat_copy = parallel.stage == 0 or (parallel.stage == 1 and not cal.zero_os_stage1)  # the reduction's copy
     lost = 0.0 if parallel.contiguous_buffers else cal.fragmentation * hw.memory_bytes
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
