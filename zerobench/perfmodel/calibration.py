@@ -3,8 +3,7 @@
 Everything the model knows beyond datasheets (hardware.py) and the paper's formulas
 (zerobench/memory.py, zerobench/flops.py) is here. `FIT_SET` names the paper points the fitted
 constants were fitted on; every other paper number is judged (see docs/perfmodel.md).
-`fit()` re-derives the fitted values from `FIT_SET` with a small Nelder–Mead, so the numbers in
-`DEFAULT` can be checked; nothing else in the package calls it.
+`zerobench/perfmodel/fit.py` re-derives the fitted values in `DEFAULT` from `FIT_SET`.
 """
 
 from __future__ import annotations
@@ -65,73 +64,3 @@ FITTED = {
     ],
 }
 FIT_SET = sorted({point for points in FITTED.values() for point in points})
-THROUGHPUT_KNOBS = ("gemm_eff_max", "tokens_half", "elementwise_traffic", "ib_efficiency", "nvlink_efficiency")
-_BOUNDS = {"gemm_eff_max": (0.2, 0.9), "tokens_half": (100.0, 20000.0), "elementwise_traffic": (0.0, 10.0),
-           "ib_efficiency": (0.3, 1.0), "nvlink_efficiency": (0.3, 1.0)}  # fmt: skip
-
-
-def _error(cal: Calibration, artifact: str, key: str) -> float:
-    from zerobench.perfmodel.artifacts import ARTIFACTS  # lazy: artifacts import this module
-
-    df = ARTIFACTS[artifact](cal)
-    err = df.loc[df["key"] == key, "error_pct"].astype(float)
-    return abs(float(err.iloc[0])) if len(err) and err.notna().all() else 1e3
-
-
-def _scan(cal: Calibration, name: str, grid, points) -> Calibration:
-    """The middle of the grid values with the least worst error on `points` (step-function fits)."""
-    errs = [max(_error(cal.replace(**{name: v}), *p) for p in points) for v in grid]
-    best = [v for v, e in zip(grid, errs, strict=False) if e <= min(errs) + 1e-9]
-    return cal.replace(**{name: best[len(best) // 2]})
-
-
-def _nelder_mead(f, x0, steps, iters):
-    pts = [list(x0)] + [[x + (s if i == j else 0.0) for j, x in enumerate(x0)] for i, s in enumerate(steps)]
-    vals = [f(p) for p in pts]
-    for _ in range(iters):
-        order = sorted(range(len(pts)), key=vals.__getitem__)
-        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
-        c = [sum(p[j] for p in pts[:-1]) / (len(pts) - 1) for j in range(len(x0))]
-        xr = [2 * c[j] - pts[-1][j] for j in range(len(x0))]
-        fr = f(xr)
-        if fr < vals[0]:
-            xe = [3 * c[j] - 2 * pts[-1][j] for j in range(len(x0))]
-            fe = f(xe)
-            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < vals[-2]:
-            pts[-1], vals[-1] = xr, fr
-        else:
-            xc = [(c[j] + pts[-1][j]) / 2 for j in range(len(x0))]
-            fc = f(xc)
-            if fc < vals[-1]:
-                pts[-1], vals[-1] = xc, fc
-            else:
-                pts = [pts[0]] + [[(a + b) / 2 for a, b in zip(pts[0], p, strict=False)] for p in pts[1:]]
-                vals = [vals[0]] + [f(p) for p in pts[1:]]
-    i = min(range(len(pts)), key=vals.__getitem__)
-    return pts[i], vals[i]
-
-
-def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
-    """Re-fit the fitted constants on FIT_SET: memory first (scans), then the throughput knobs
-    (Nelder–Mead on the mean |error| of their points, inside physical bounds). Minutes."""
-    cal = _scan(start, "reserve_bytes", [i * GiB / 20 for i in range(0, 61)], FITTED["reserve_bytes"])
-    cal = _scan(cal, "fragmentation", [i / 200 for i in range(0, 61)], FITTED["fragmentation"])
-    cal = _scan(cal, "cache_headroom", [i / 100 for i in range(0, 81)], FITTED["cache_headroom"])
-    points = FITTED[", ".join(THROUGHPUT_KNOBS)]
-
-    def objective(x):
-        if any(not lo <= v <= hi for v, (lo, hi) in zip(x, (_BOUNDS[k] for k in THROUGHPUT_KNOBS), strict=False)):
-            return 1e6
-        trial = cal.replace(**dict(zip(THROUGHPUT_KNOBS, x, strict=False)))
-        return sum(_error(trial, *p) for p in points) / len(points)
-
-    x0 = [getattr(cal, k) for k in THROUGHPUT_KNOBS]
-    x, _ = _nelder_mead(objective, x0, [0.1 * v or 0.5 for v in x0], iters)
-    return cal.replace(**dict(zip(THROUGHPUT_KNOBS, x, strict=False)))
-
-
-if __name__ == "__main__":
-    fitted = fit()
-    for field in dataclasses.fields(fitted):
-        print(f"{field.name} = {getattr(fitted, field.name)!r}")
