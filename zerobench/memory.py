@@ -46,6 +46,17 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
 
+def reset_peak_rss() -> int:
+    """Reset this process's peak-RSS mark to its current RSS (Linux clear_refs) and return that RSS,
+    so peak - baseline is what a trial itself added (the ~250 MB of torch runtime left out)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux or not permitted: the peak then also counts import-time transients
+        pass
+    return current_rss_bytes()
+
+
 def current_rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         pages = int(f.read().split()[1])

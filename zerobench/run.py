@@ -111,17 +111,6 @@ def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, o
     return losses
 
 
-def _rss_baseline() -> int:
-    """Reset this process's peak-RSS mark to its current RSS (Linux clear_refs) and return that RSS,
-    so peak - baseline is what the trial itself added (the ~250 MB of torch runtime left out)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:  # not Linux or not permitted: the peak then also counts import-time transients
-        pass
-    return memory.current_rss_bytes()
-
-
 def _check_cap(spec: TrialSpec, used: float, what: str) -> str | None:
     """The oom message when `used` bytes per rank exceed the trial's memory cap, else None."""
     if spec.mem_cap_bytes is None or used <= spec.mem_cap_bytes:
@@ -130,7 +119,7 @@ def _check_cap(spec: TrialSpec, used: float, what: str) -> str | None:
 
 
 def _measure(spec: TrialSpec, ctx, device) -> dict:
-    rss_base = _rss_baseline()
+    rss_base = memory.reset_peak_rss()
     comms = Comms()
     engine = build_engine(spec, ctx, comms, device)
     if spec.mem_cap_bytes is not None:  # model states alone over the cap: stop before training (every rank)
