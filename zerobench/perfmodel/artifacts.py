@@ -44,13 +44,16 @@ def fig2(cal: Calibration = DEFAULT) -> pd.DataFrame:
 
 
 def fig3(cal: Calibration = DEFAULT) -> pd.DataFrame:
-    """60B (75 x 8192) on 64–400 GPUs at MP 16. Each GPU count runs the largest batch of the
-    authors' sweep (ps.FIG3_SWEEP) that fits our memory model, as the authors' scripts did: the
-    superlinear step comes from memory freed by DP (paper Fig 3, §10.3)."""
+    """60B (75 x 8192) on 64–400 GPUs at MP 16, configured as the authors' sweep files were (C5).
+    Each GPU count runs the largest batch of their sweep (ps.FIG3_SWEEP) that fits our memory
+    model: the superlinear step comes from memory freed by DP (paper Fig 3, §10.3)."""
     rows = []
     model = PRESETS["gpt-60b-scaling"]
     for gpus, paper_batch in ps.FIG3.items():
-        z = zero_best(model, gpus, 16, 1 << 16, cal, sweep=ps.FIG3_SWEEP[gpus])
+        par = ps.zero_parallel(gpus, 16, ps.FIG3_CONFIG)
+        b_max = throughput(model, par, 1, cal=cal)["max_micro_batch"]
+        batch = max((b for b in ps.FIG3_SWEEP[gpus] if b <= b_max), default=0)
+        z = dict(config=ps.FIG3_CONFIG, **throughput(model, par, batch, cal=cal))
         p = paper("fig3", "throughput_per_gpu", gpus=gpus, stage_or_config="ZeRO")
         rows.append(row("fig3", f"{gpus} GPUs", z.get("tflops"), p, series="TFLOPS/GPU", gpus=gpus,
                          paper_batch=paper_batch, **z))  # fmt: skip

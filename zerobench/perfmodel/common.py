@@ -43,16 +43,14 @@ def throughput(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=Non
     return out
 
 
-def zero_best(model, gpus, mp, batch, cal, hw="v100-32gb-dgx2", gpn=None, sweep=None) -> dict:
+def zero_best(model, gpus, mp, batch, cal, hw="v100-32gb-dgx2", gpn=None) -> dict:
     """ZeRO-100B (C4) at `batch`, capped at the largest that fits, or C5 (P_a+cpu) where that is
-    faster (it fits a larger batch): the paper switches P_a+cpu on only when beneficial (§10.4).
-    With `sweep` (the batches the authors' scripts tried), each config runs at the largest sweep
-    value that fits instead."""
+    faster (it fits a larger batch): the paper switches P_a+cpu on only when beneficial (§10.4)."""
     best = None
     for config in ("C4", "C5"):
         par = ps.zero_parallel(gpus, mp, config)
         b_max = predict(model, par, ps.PAPER_PRECISION, TrainConfig(micro_batch=1), hw, gpn, cal).max_micro_batch
-        b = min(batch, b_max) if sweep is None else max((g for g in sweep if g <= b_max), default=0)
+        b = min(batch, b_max)
         if b >= 1:
             run = dict(config=config, **throughput(model, par, b, hw, cal, gpn))
             if best is None or run["tflops"] > best["tflops"]:

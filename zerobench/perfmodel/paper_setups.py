@@ -60,6 +60,8 @@ FIG3 = {64: 16, 128: 48, 256: 48, 400: 64}
 # fits, so the batch is still chosen by memory. The 16-node file holds the 100B shape (125 layers);
 # its batch list is used as given.
 FIG3_SWEEP = {64: (2, 4, 8, 16, 32), 128: (16, 32, 48), 256: (32, 48, 64), 400: (48, 64, 96)}
+# ... and every line of those files switches on P_a, P_a+cpu and contiguous checkpoints: C5.
+FIG3_CONFIG = "C5"
 # Fig 7 (AE Table 5): 60B (75 x 8192, 64 heads) on 128 GPUs, batch per config; 170B on 400 at 12
 FIG7_60B = {"C1": 2, "C2": 4, "C3": 32, "C4": 32, "C5": 8}
 # Fig 8 (AE Table 6): preset -> (nominal size, batch); DDP baselines
