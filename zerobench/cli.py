@@ -6,131 +6,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 from pathlib import Path
 
-from zerobench.config import (
-    ZERO_CONFIGS,
-    ConfigError,
-    ModelConfig,
-    ParallelConfig,
-    PrecisionConfig,
-    TrainConfig,
-    preset,
-)
-
-MiB = 2**20
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default="tiny", help="preset name (see `zerobench presets`)")
-    for name in ("layers", "hidden", "heads", "seq", "vocab"):
-        g.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
-
-
-def _parallel_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("parallel layout and ZeRO")
-    g.add_argument("--dp", type=int, default=None, help="data-parallel degree N_d (default 1, or gpus/mp)")
-    g.add_argument("--mp", type=int, default=1, help="tensor model-parallel degree N_m")
-    g.add_argument("--stage", type=int, default=None, help="ZeRO-DP stage 0-3 (0 = plain DP)")
-    g.add_argument("--zero-config", choices=sorted(ZERO_CONFIGS), help="the paper's C1-C5 (sets stage and ZeRO-R)")
-    g.add_argument("--bucket-mb", type=float, default=25.0, help="C_B: fused buffer size in MiB")
-    g.add_argument("--checkpoint-activations", action="store_true", help="one checkpoint per block")
-    g.add_argument("--partition-activations", action="store_true", help="P_a: split checkpoints over MP")
-    g.add_argument("--offload-activations", action="store_true", help="P_a+cpu: checkpoints to host")
-    g.add_argument("--contiguous-buffers", action="store_true", help="M_D: preallocated contiguous buffers")
-    g.add_argument("--prefetch-mb", type=float, default=50.0, help="stage 3: gathered bytes in flight")
-    g.add_argument("--max-live-mb", type=float, default=8192.0, help="stage 3: gathered bytes alive at once")
-    g.add_argument("--persistence-threshold", type=int, default=0, help="stage 3: keep tensors this small whole")
-
-
-def _train_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None:
-    g = p.add_argument_group("training")
-    g.add_argument(
-        "--precision", default=precision, help=f"fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param; default {precision})"
-    )
-    g.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
-    g.add_argument("--micro-batch", type=int, default=1, help="sequences per DP rank per micro-step")
-    g.add_argument("--grad-accum", type=int, default=1)
-    g.add_argument("--steps", type=int, default=5, help="timed steps")
-    g.add_argument("--warmup", type=int, default=1, help="untimed steps before timing")
-    g.add_argument("--lr", type=float, default=1e-3)
-    g.add_argument(
-        "--clip-norm", type=float, default=TrainConfig.clip_norm, help="global gradient-norm clip; 0 disables it"
-    )
-    g.add_argument("--seed", type=int, default=1234)
-
-
-def _hardware_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("hardware")
-    g.add_argument(
-        "--hardware", default="v100-32gb-dgx2", help="profile: v100-32gb-dgx2, a100-80gb, h100-80gb, h200-141gb"
-    )
-    g.add_argument("--gpus", type=int, help="total GPUs (sets dp = gpus / mp)")
-    g.add_argument("--gpus-per-node", type=int, help="override the profile's node size")
-
-
-def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig]:
-    """Validated configs from parsed arguments; raises ConfigError naming the field."""
-    model = preset(args.model).with_overrides(
-        layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab
-    )
-    dp = args.dp
-    gpus = getattr(args, "gpus", None)
-    if gpus is not None:
-        if args.mp < 1:  # before `gpus % mp` below
-            raise ConfigError(f"mp={args.mp}: must be an integer >= 1")
-        if gpus < 1 or gpus % args.mp:
-            raise ConfigError(f"gpus={gpus}: must be a positive multiple of mp ({args.mp})")
-        if dp is not None and dp * args.mp != gpus:
-            raise ConfigError(f"dp={dp}: dp × mp must equal gpus ({gpus})")
-        dp = gpus // args.mp
-    zero = dict(ZERO_CONFIGS[args.zero_config]) if args.zero_config else {}
-    if args.stage is not None:
-        if zero and zero["stage"] != args.stage:
-            raise ConfigError(f"stage={args.stage}: conflicts with zero-config {args.zero_config}")
-        zero["stage"] = args.stage
-    switches = ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers")
-    for name in switches:
-        zero[name] = zero.get(name, False) or getattr(args, name)
-    if zero["partition_activations"]:
-        zero["checkpoint_activations"] = True  # P_a partitions the checkpoints, so it implies them
-    parallel = ParallelConfig(
-        dp=1 if dp is None else dp,
-        mp=args.mp,
-        bucket_bytes=_mib(args.bucket_mb, "bucket_mb"),
-        prefetch_bytes=_mib(args.prefetch_mb, "prefetch_mb"),
-        max_live_bytes=_mib(args.max_live_mb, "max_live_mb"),
-        persistence_threshold=args.persistence_threshold,
-        **zero,
-    )
-    parallel.check_model(model)
-    precision = PrecisionConfig(mode=args.precision, device=args.device)
-    train = TrainConfig(
-        micro_batch=args.micro_batch,
-        grad_accum=args.grad_accum,
-        steps=args.steps,
-        warmup=args.warmup,
-        lr=args.lr,
-        clip_norm=args.clip_norm,
-        seed=args.seed,
-    )
-    return model, parallel, precision, train
-
-
-def _mib(value: float, field: str) -> int:
-    if not 0 < value * MiB < math.inf:  # in bytes, so a huge finite MiB count is refused too
-        raise ConfigError(f"{field}={value!r}: must be a finite number > 0")
-    return max(1, int(value * MiB))
+from zerobench.cli_args import configs, hardware_args, mib, model_args, parallel_args, train_args
+from zerobench.config import ConfigError
 
 
 def _trial_spec(args):
     from zerobench.run import TrialSpec
 
     model, parallel, precision, train = configs(args)
-    cap = _mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
+    cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
     return TrialSpec(
         model, parallel, precision, train, args.out, args.timeout, data=args.data, mem_cap_bytes=cap,
         resume=args.resume, save=args.save,
@@ -301,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zerobench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one measured trial (launches its own ranks, or joins torchrun)")
-    for add in (_model_args, _parallel_args, _train_args):
+    for add in (model_args, parallel_args, train_args):
         add(run)
     run.add_argument("--out", help="write the record here (JSON)")
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective (or a step) may wait")
@@ -312,7 +199,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
-    for add in (_model_args, _parallel_args, _train_args):
+    for add in (model_args, parallel_args, train_args):
         add(trace)
     trace.add_argument("--out", help="write the record here (JSON)")
     trace.set_defaults(fn=cmd_trace)
@@ -321,16 +208,16 @@ def parser() -> argparse.ArgumentParser:
         ("estimate", cmd_estimate, "does it fit, at what batch, how fast"),
     ):
         s = sub.add_parser(name, help=text)
-        _model_args(s)
-        _parallel_args(s)
-        _train_args(s, precision="fp16")  # the paper's mixed precision on GPUs
-        _hardware_args(s)
+        model_args(s)
+        parallel_args(s)
+        train_args(s, precision="fp16")  # the paper's mixed precision on GPUs
+        hardware_args(s)
         if name == "model":
             s.add_argument("--out", help="write the record here (JSON)")
         s.set_defaults(fn=fn)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
     peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
-    for add in (_model_args, _parallel_args, _train_args):
+    for add in (model_args, parallel_args, train_args):
         add(peers)
     peers.add_argument("--impls", help="comma-separated implementations (default: all, or those of --stage)")
     peers.add_argument("--out", default="results/peers.csv", help="CSV to write")

@@ -8,7 +8,7 @@ import torch
 
 from tests.engine_cases import clone, engine_run, reference_run, rel_err, spec_for
 from tests.worlds import threaded
-from zerobench import cli, memory
+from zerobench import cli, cli_args, memory
 from zerobench.comms import Comms
 from zerobench.config import ZERO_CONFIGS
 from zerobench.parallel import topology
@@ -161,7 +161,7 @@ def test_constant_buffer_bound():
 def test_zero_configs_from_the_cli():
     for name, switches in ZERO_CONFIGS.items():
         args = cli.parser().parse_args(["run", "--zero-config", name, "--dp", "2", "--mp", "2"])
-        parallel = cli.configs(args)[1]
+        parallel = cli_args.configs(args)[1]
         for key, value in switches.items():
             assert getattr(parallel, key) == value
         assert parallel.checkpoint_activations == bool(switches.get("partition_activations"))  # P_a implies it

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerobench import cli
+from zerobench import cli, cli_args
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.run import TrialSpec
 
@@ -83,7 +83,7 @@ def test_cli_rejects_with_the_field_or_accepts_a_sound_config(args):
     TRIED["cli"] += 1
     parsed = cli.parser().parse_args(args)
     try:
-        model, parallel, precision, train = cli.configs(parsed)
+        model, parallel, precision, train = cli_args.configs(parsed)
         TrialSpec(model, parallel, precision, train)
     except ConfigError as exc:
         _assert_named(exc)
