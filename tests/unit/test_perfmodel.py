@@ -185,6 +185,11 @@ def test_estimate_text():
     assert "fits: yes" in text and "largest micro-batch" in text and "TFLOPS/GPU" in text
     bad = estimate_text(PRESETS["gpt-100b"], ParallelConfig(dp=25, mp=16), FP16, TrainConfig(), "v100-32gb-dgx2")
     assert "NO" in bad
+    assert "gradient reduction" not in text  # stage 2 reduces bucket by bucket: no flat copy
+    p_os = estimate_text(PRESETS["gpt-60b-scaling"], zero_parallel(128, 16, "C2"), PAPER_PRECISION,
+                         TrainConfig(micro_batch=4), "v100-32gb-dgx2")  # fmt: skip
+    copy_gb = 2 * PRESETS["gpt-60b-scaling"].num_params / 16 / 1e9  # fp16 gradients of one MP rank
+    assert f"gradient reduction: +{copy_gb:.1f} GB" in p_os and "(the peak)" in p_os
 
 
 def test_perfmodel_never_imports_torch():

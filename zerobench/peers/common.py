@@ -28,21 +28,18 @@ from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.model import GPT
 from zerobench.parallel.topology import leave_together
 
+# torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)
+TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3: "fsdp2-reshard"}
 # Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to). Ordered by
 # stage, so each stage's rows are measured close together in time (a shared machine's load drifts).
 IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
-    "ours-0": ("ours", 0),
-    "ddp": ("torch_peers", 0),
-    "deepspeed-0": ("deepspeed_peer", 0),
-    "ours-1": ("ours", 1),
-    "zero-redundancy-optimizer": ("torch_peers", 1),
-    "deepspeed-1": ("deepspeed_peer", 1),
-    "ours-2": ("ours", 2),
-    "fsdp2-no-reshard": ("torch_peers", 2),
-    "deepspeed-2": ("deepspeed_peer", 2),
-    "ours-3": ("ours", 3),
-    "fsdp2-reshard": ("torch_peers", 3),
-    "deepspeed-3": ("deepspeed_peer", 3),
+    name: (module, stage)
+    for stage in range(4)
+    for name, module in (
+        (f"ours-{stage}", "ours"),
+        (TORCH_PEER[stage], "torch_peers"),
+        (f"deepspeed-{stage}", "deepspeed_peer"),
+    )
 }
 
 

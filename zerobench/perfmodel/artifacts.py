@@ -17,7 +17,7 @@ from zerobench.config import PRESETS, ConfigError, TrainConfig
 from zerobench.perfmodel import paper_setups as ps
 from zerobench.perfmodel.artifacts_more import table2, today
 from zerobench.perfmodel.calibration import DEFAULT, Calibration
-from zerobench.perfmodel.common import PREC, mape, paper, row, throughput, zero_best
+from zerobench.perfmodel.common import PREC, capped, mape, max_batch, paper, row, throughput, zero_best
 from zerobench.perfmodel.hardware import GiB, get_profile
 from zerobench.perfmodel.memory_fit import max_layers
 from zerobench.perfmodel.predict import predict
@@ -31,9 +31,7 @@ def fig2(cal: Calibration = DEFAULT) -> pd.DataFrame:
         p = paper("fig2", "throughput_per_gpu", model_params_b=size, stage_or_config="ZeRO-100B")
         rows.append(row("fig2", f"ZeRO {size:g}B", z.get("tflops"), p, series="ZeRO-100B", size_b=size,
                          gpus=400, mp=zmp, paper_batch=zb, **z))  # fmt: skip
-        bmodel, bpar = ps.with_heads(name, bheads), ps.baseline_parallel(bgpus, bmp)
-        bmax = throughput(bmodel, bpar, 1, cal=cal)["max_micro_batch"]
-        base = throughput(bmodel, bpar, min(bb, max(bmax, 1)), cal=cal)  # listed batch, capped at what fits
+        base = capped(ps.with_heads(name, bheads), ps.baseline_parallel(bgpus, bmp), bb, cal=cal)
         pb = paper("fig2", "throughput_per_gpu", model_params_b=size, stage_or_config="Megatron")
         rows.append(row("fig2", f"baseline {size:g}B", base.get("tflops"), pb, series="Megatron baseline",
                          size_b=size, gpus=bgpus, mp=bmp, paper_batch=bb, config="baseline", **base))  # fmt: skip
@@ -51,8 +49,8 @@ def fig3(cal: Calibration = DEFAULT) -> pd.DataFrame:
     model = PRESETS["gpt-60b-scaling"]
     for gpus, paper_batch in ps.FIG3.items():
         par = ps.zero_parallel(gpus, 16, ps.FIG3_CONFIG)
-        b_max = throughput(model, par, 1, cal=cal)["max_micro_batch"]
-        batch = max((b for b in ps.FIG3_SWEEP[gpus] if b <= b_max), default=0)
+        fits = max_batch(model, par, cal=cal)
+        batch = max((b for b in ps.FIG3_SWEEP[gpus] if b <= fits), default=0)
         z = dict(config=ps.FIG3_CONFIG, **throughput(model, par, batch, cal=cal))
         p = paper("fig3", "throughput_per_gpu", gpus=gpus, stage_or_config="ZeRO")
         rows.append(row("fig3", f"{gpus} GPUs", z.get("tflops"), p, series="TFLOPS/GPU", gpus=gpus,
@@ -106,14 +104,13 @@ def fig7(cal: Calibration = DEFAULT) -> pd.DataFrame:
     m60 = ps.with_heads("gpt-60b-scaling", 64)
     for config, batch in ps.FIG7_60B.items():
         par = ps.zero_parallel(128, 16, config)
-        first = throughput(m60, par, 1, cal=cal)
-        t = throughput(m60, par, min(batch, first["max_micro_batch"]), cal=cal)
+        t = capped(m60, par, batch, cal=cal)
         p = paper("fig7", "throughput_per_gpu", model_params_b=60, stage_or_config=config)
         rows.append(row("fig7", f"60B {config}", t.get("tflops"), p, config=config, paper_batch=batch, **t))
     for config in ps.CONFIGS:  # C1–C4 at the paper's 12 (the paper: OOM); C5 at 12 or what fits
         par = ps.zero_parallel(400, 16, config)
-        b_max = throughput(PRESETS["gpt-170b"], par, 1, cal=cal)["max_micro_batch"]
-        t = throughput(PRESETS["gpt-170b"], par, min(12, b_max) if config == "C5" else 12, cal=cal)
+        run = capped if config == "C5" else throughput
+        t = run(PRESETS["gpt-170b"], par, 12, cal=cal)
         p = paper("fig7", "throughput_per_gpu", model_params_b=170, stage_or_config=config)
         rows.append(row("fig7", f"170B {config}", t.get("tflops"), p, config=config, paper_batch=12,
                         paper_status="ok" if p else "oom", **t))  # fmt: skip
@@ -126,14 +123,12 @@ def fig8(cal: Calibration = DEFAULT) -> pd.DataFrame:
     rows = []
     for name, (size, batch) in ps.FIG8.items():
         par = ps.zero_parallel(128, 1, "C4")
-        first = throughput(PRESETS[name], par, 1, cal=cal)
-        t = throughput(PRESETS[name], par, min(batch, first["max_micro_batch"]), cal=cal)
+        t = capped(PRESETS[name], par, batch, cal=cal)
         p = paper("fig8", "throughput_per_gpu", model_params_b=size, stage_or_config="ZeRO")
         rows.append(row("fig8", f"ZeRO {size:g}B", t.get("tflops"), p, series="ZeRO-DP", paper_batch=batch, **t))
     for name, (size, batch) in ps.FIG8_DDP.items():
         par = ps.baseline_parallel(128, 1)
-        first = throughput(PRESETS[name], par, 1, cal=cal)
-        t = throughput(PRESETS[name], par, min(batch, max(first["max_micro_batch"], 1)), cal=cal)
+        t = capped(PRESETS[name], par, batch, cal=cal)
         p = paper("fig8", "throughput_per_gpu", model_params_b=size, stage_or_config="PyTorch DDP")
         rows.append(row("fig8", f"DDP {size:g}B", t.get("tflops"), p, series="DDP", paper_batch=batch, **t))
     for label, par, width, batch, metric in (

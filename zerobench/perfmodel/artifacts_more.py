@@ -8,7 +8,7 @@ from zerobench.config import PRESETS, ModelConfig, ParallelConfig
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel import paper_setups as ps
 from zerobench.perfmodel.calibration import DEFAULT, Calibration
-from zerobench.perfmodel.common import PREC, paper, row, throughput, zero_best
+from zerobench.perfmodel.common import PREC, capped, paper, row, zero_best
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.memory_fit import max_layers
 
@@ -75,8 +75,7 @@ def today(cal: Calibration = DEFAULT) -> pd.DataFrame:
             else:
                 model = ps.with_heads(name, max(model.heads, mp))
                 par = ps.baseline_parallel(gpus, mp)
-                b_max = throughput(model, par, 1, hw_name, cal)["max_micro_batch"]
-                r = dict(config="baseline", **throughput(model, par, max(1, min(b_max, 4)), hw_name, cal))
+                r = dict(config="baseline", **capped(model, par, 4, hw_name, cal))
             rows.append(row("today", f"{label} | {hw_name}", r.get("tflops"), None, experiment=label,
                             hardware=hw_name, gpu=hw.gpu, gpus=gpus, mp=mp, peak_tflops=hw.peak_flops / 1e12,
                             **r))  # fmt: skip

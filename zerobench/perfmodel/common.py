@@ -43,14 +43,24 @@ def throughput(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=Non
     return out
 
 
+def max_batch(model, parallel, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> int:
+    """The largest micro-batch that fits (0: not even one sequence)."""
+    return predict(model, parallel, PREC, TrainConfig(micro_batch=1), hw, gpn, cal).max_micro_batch
+
+
+def capped(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> dict:
+    """`throughput` at the listed `batch`, capped at the largest that fits; where not even one
+    sequence fits, the run at batch 1 (status oom)."""
+    return throughput(model, parallel, max(1, min(batch, max_batch(model, parallel, hw, cal, gpn))), hw, cal, gpn)
+
+
 def zero_best(model, gpus, mp, batch, cal, hw="v100-32gb-dgx2", gpn=None) -> dict:
     """ZeRO-100B (C4) at `batch`, capped at the largest that fits, or C5 (P_a+cpu) where that is
     faster (it fits a larger batch): the paper switches P_a+cpu on only when beneficial (§10.4)."""
     best = None
     for config in ("C4", "C5"):
         par = ps.zero_parallel(gpus, mp, config)
-        b_max = predict(model, par, ps.PAPER_PRECISION, TrainConfig(micro_batch=1), hw, gpn, cal).max_micro_batch
-        b = min(batch, b_max)
+        b = min(batch, max_batch(model, par, hw, cal, gpn))
         if b >= 1:
             run = dict(config=config, **throughput(model, par, b, hw, cal, gpn))
             if best is None or run["tflops"] > best["tflops"]:

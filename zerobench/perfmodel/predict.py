@@ -186,12 +186,12 @@ def estimate_text(
         f"{m.grad_bytes / gb:.1f}, optimizer {m.optimizer_bytes / gb:.1f}); activations "
         f"{m.activation_bytes / gb:.1f} GB (checkpoints {m.checkpoint_bytes / gb:.1f}, working "
         f"{m.working_bytes / gb:.1f}); buffers {m.buffer_bytes / gb:.1f} GB",
-        f"  largest micro-batch that fits: {pred.max_micro_batch}",
     ]
     if m.reduce_transient_bytes:  # the reduction's flat gradient copy, after backward (docs/perfmodel.md)
         phase = "the peak" if m.reduce_transient_bytes > m.activation_bytes else "below backward's peak"
-        lines.insert(3, f"  gradient reduction: +{m.reduce_transient_bytes / gb:.1f} GB flat copy of the gradients "
-                        f"in place of the activations ({phase})")  # fmt: skip
+        lines.append(f"  gradient reduction: +{m.reduce_transient_bytes / gb:.1f} GB flat copy of the gradients "
+                     f"in place of the activations ({phase})")  # fmt: skip
+    lines.append(f"  largest micro-batch that fits: {pred.max_micro_batch}")
     if pred.fits:
         t = pred.step_time_s
         parts = [("compute", pred.compute_s), ("MP comm", pred.mp_comm_s + pred.host_copy_s),
