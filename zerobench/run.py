@@ -26,6 +26,7 @@ from zerobench.devices import StepTimer, hardware_profile, mfu, peak_memory
 from zerobench.model import GPT
 from zerobench.parallel import topology
 from zerobench.parallel.tensor_parallel import TensorParallel
+from zerobench.zero import apply_zero
 from zerobench.zero.activations import CheckpointStore
 
 
@@ -84,11 +85,7 @@ def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, d
         model = GPT(spec.model, checkpoint_activations=par.checkpoint_activations, tp=tp, checkpoints=store)
     model.init_weights(spec.train.seed)
     model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
-    if spec.parallel.stage == 3:
-        from zerobench.zero.stage3 import Stage3Engine as Engine
-    else:
-        from zerobench.zero.engine import ZeroEngine as Engine
-    return Engine(model, ctx, spec.parallel, spec.precision, spec.train, comms)
+    return apply_zero(model, ctx, spec.parallel, spec.precision, spec.train, comms)
 
 
 def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
