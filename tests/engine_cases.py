@@ -13,7 +13,8 @@ from zerobench.data import SyntheticTokens
 from zerobench.model import GPT
 from zerobench.parallel import topology
 from zerobench.parallel.tensor_parallel import gather_full
-from zerobench.run import TrialSpec, build_engine, train_steps
+from zerobench.train import build_engine, train_steps
+from zerobench.trial import TrialSpec
 
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
 
@@ -38,7 +39,7 @@ def engine_run(rank: int, spec: TrialSpec, probe=None) -> dict:
     engine = build_engine(spec, ctx, comms, torch.device(spec.precision.device))
     state_before = engine.model_state_bytes()
     probes = []
-    on_step = (lambda step: probes.append(probe(engine))) if probe else None
+    on_step = (lambda step, loss: probes.append(probe(engine))) if probe else None
     losses = train_steps(engine, spec, ctx, spec.train.steps, on_step=on_step)
     layout = engine.layout
     return {
@@ -61,7 +62,7 @@ def whole_parameters(engine, ctx) -> dict:
     slices gathered over its MP group."""
     if ctx.mp.size == 1:
         return engine.full_parameters()
-    return gather_full(engine.full_parameters(), engine.model, engine.model.tp)
+    return gather_full(engine.full_parameters(), engine.model, ctx.mp)
 
 
 def reference_run(spec: TrialSpec) -> dict:
@@ -69,7 +70,7 @@ def reference_run(spec: TrialSpec) -> dict:
     t = spec.train
     device = torch.device(spec.precision.device)
     with device:
-        model = GPT(spec.model, checkpoint_activations=False)
+        model = GPT(spec.model)
     model.init_weights(t.seed)
     opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)

@@ -3,27 +3,23 @@
 - `threaded(n, fn, *args)`: PyTorch's threaded process group — real collective semantics, n
   ranks as threads of this process, ~0.1 s to start. For exact checks of collective logic.
 - `spawned(n, fn, *args)`: n processes on gloo with a file rendezvous (no ports to collide on),
-  ~4 s per rank here. For the real backend.
+  ~4 s per rank here. For the real backend (zerobench/parallel/spawn.py, shared with the peers).
 Both return the list of each rank's return value; `fn(rank, *args)` must be importable.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import tempfile
 import threading
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.testing._internal.distributed.multi_threaded_pg import (
     ProcessLocalGroup,
     _install_threaded_pg,
     _uninstall_threaded_pg,
 )
 
-from zerobench.parallel.topology import leave_together
+from zerobench.parallel.spawn import spawned  # noqa: F401 - the tests' processes world
 
 
 def threaded(n: int, fn, *args):
@@ -57,26 +53,3 @@ def threaded(n: int, fn, *args):
         rank, exc = errors[0]
         raise RuntimeError(f"rank {rank} failed: {exc!r}") from exc
     return out
-
-
-def _spawned_main(rank: int, n: int, tmp: str, fn, args):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rdzv", rank=rank, world_size=n)
-    try:
-        result = fn(rank, *args)
-        with open(os.path.join(tmp, f"out{rank}.pkl"), "wb") as f:
-            pickle.dump(result, f)
-        leave_together()
-    finally:
-        if dist.is_initialized():  # a failed rank leaves alone
-            dist.destroy_process_group()
-
-
-def spawned(n: int, fn, *args):
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_spawned_main, args=(n, tmp, fn, args), nprocs=n, join=True)
-        out = []
-        for r in range(n):
-            with open(os.path.join(tmp, f"out{r}.pkl"), "rb") as f:
-                out.append(pickle.load(f))
-        return out

@@ -14,7 +14,7 @@ from zerobench.config import ConfigError
 
 
 def _trial_spec(args):
-    from zerobench.run import TrialSpec
+    from zerobench.trial import TrialSpec
 
     model, parallel, precision, train = configs(args)
     cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
@@ -29,7 +29,7 @@ def cmd_run(args) -> int:
         configs(args)  # refuse a bad configuration here, without importing torch in this process
         record = _run_with_time_limit(args, args.time_limit)
     else:
-        from zerobench.run import run_trial
+        from zerobench.launch import run_trial
 
         record = run_trial(_trial_spec(args))
     _summarise(record)
@@ -56,10 +56,10 @@ def _run_with_time_limit(args, limit: float) -> dict:
                 os.kill(pid, signal.SIGKILL)
         child.wait()
         error = f"over the time limit of {limit:g} s"
-        write_record(_trial_spec(args).base_record("measured", status="timeout", error=error), args.out)
+        write_record(_trial_spec(args).record("measured", status="timeout", error=error), args.out)
     if not os.path.exists(args.out):
         error = f"exit code {child.returncode}"
-        write_record(_trial_spec(args).base_record("measured", status="error", error=error), args.out)
+        write_record(_trial_spec(args).record("measured", status="error", error=error), args.out)
     return read_record(args.out)
 
 
@@ -79,7 +79,8 @@ def _process_tree(root: int) -> list[int]:
 
 def _write_infeasible(args, exc: ConfigError) -> None:
     """A layout that cannot run is a result row (status infeasible), not a crash."""
-    from zerobench.results import new_record, write_record
+    from zerobench.results import write_record
+    from zerobench.trial import new_record
 
     source = {"run": "measured", "trace": "traced", "model": "modelled"}[args.command]
     fields = {k: getattr(args, k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch")}
@@ -109,8 +110,8 @@ def cmd_report(args) -> int:
 
 def cmd_trace(args) -> int:
     from zerobench.results import write_record
-    from zerobench.run import TrialSpec
     from zerobench.trace import trace_record
+    from zerobench.trial import TrialSpec
 
     model, parallel, precision, train = configs(args)
     record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out))
@@ -151,10 +152,10 @@ def cmd_presets(args) -> int:
 
 
 def cmd_peers(args) -> int:
-    from zerobench.peers.common import IMPLEMENTATIONS
+    from zerobench.peers.harness import IMPLEMENTATIONS
     from zerobench.peers.runner import run_peers, write_csv
     from zerobench.peers.summary import peers_markdown, plot_peers
-    from zerobench.run import TrialSpec
+    from zerobench.trial import TrialSpec
 
     model, parallel, precision, train = configs(args)
     if precision.mode != "fp32" or precision.device != "cpu":
@@ -210,7 +211,7 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         model_args(s)
         parallel_args(s)
-        train_args(s, precision="fp16")  # the paper's mixed precision on GPUs
+        train_args(s)
         hardware_args(s)
         if name == "model":
             s.add_argument("--out", help="write the record here (JSON)")

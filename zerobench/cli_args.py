@@ -15,8 +15,10 @@ from zerobench.config import (
     TrainConfig,
     preset,
 )
+from zerobench.trial import default_precision
 
 MiB = 2**20
+COMPUTING_COMMANDS = ("run", "peers")  # the commands that compute real steps (trial.default_precision)
 
 
 def model_args(p: argparse.ArgumentParser) -> None:
@@ -42,10 +44,11 @@ def parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--persistence-threshold", type=int, default=0, help="stage 3: keep tensors this small whole")
 
 
-def train_args(p: argparse.ArgumentParser, precision: str = "fp32") -> None:
+def train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training")
     g.add_argument(
-        "--precision", default=precision, help=f"fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param; default {precision})"
+        "--precision",
+        help="fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param); default fp16, or fp32 for steps computed on a cpu",
     )
     g.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL)")
     g.add_argument("--micro-batch", type=int, default=1, help="sequences per DP rank per micro-step")
@@ -103,7 +106,9 @@ def configs(args) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainCo
         **zero,
     )
     parallel.check_model(model)
-    precision = PrecisionConfig(mode=args.precision, device=args.device)
+    computes = getattr(args, "command", None) in COMPUTING_COMMANDS
+    mode = args.precision or default_precision(args.device, computes)
+    precision = PrecisionConfig(mode=mode, device=args.device)
     train = TrainConfig(
         micro_batch=args.micro_batch,
         grad_accum=args.grad_accum,

@@ -154,7 +154,10 @@ def preset(name: str) -> ModelConfig:
 # Bytes per parameter held as weights (p), gradients (g) and optimizer state (k) — paper §3.1:
 # mixed precision keeps 16-bit weights and gradients and an fp32 master copy plus Adam's two
 # fp32 moments (k = 12); fp32 training keeps only the two moments (k = 8).
-_PRECISIONS = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+BYTES_PER_PARAM = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+
+# The paper's names of the ZeRO-DP stages (§5), 0 being plain data parallelism.
+STAGE_LABELS = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ class PrecisionConfig:
     loss_scale_window: int = 1000  # overflow-free steps before the scale doubles
 
     def __post_init__(self):
-        _require(self.mode in _PRECISIONS, "precision", f"must be one of {list(_PRECISIONS)}", self.mode)
+        _require(self.mode in BYTES_PER_PARAM, "precision", f"must be one of {list(BYTES_PER_PARAM)}", self.mode)
         _require(self.device in ("cpu", "cuda"), "device", "must be 'cpu' or 'cuda'", self.device)
         _finite(self, "initial_loss_scale")
         _require(self.initial_loss_scale > 0, "initial_loss_scale", "must be > 0", self.initial_loss_scale)
@@ -177,7 +180,7 @@ class PrecisionConfig:
 
     @property
     def bytes_pgk(self) -> tuple[int, int, int]:
-        return _PRECISIONS[self.mode]
+        return BYTES_PER_PARAM[self.mode]
 
     @property
     def storage_dtype(self):

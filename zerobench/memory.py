@@ -10,9 +10,11 @@ from __future__ import annotations
 import resource
 import sys
 
+from zerobench.config import BYTES_PER_PARAM
+
 
 def model_state_bytes(
-    num_params: float, stage: int, dp: int, mp: int = 1, pgk: tuple[int, int, int] = (2, 2, 12)
+    num_params: float, stage: int, dp: int, mp: int = 1, pgk: tuple[int, int, int] = BYTES_PER_PARAM["fp16"]
 ) -> dict[str, float]:
     """Per-device parameter, gradient and optimizer-state bytes (paper §5.1–5.3, Table 1).
 
@@ -27,7 +29,7 @@ def model_state_bytes(
     }
 
 
-def total_model_state_bytes(num_params: float, stage: int, dp: int, mp: int = 1, pgk=(2, 2, 12)) -> float:
+def total_model_state_bytes(num_params: float, stage: int, dp: int, mp: int = 1, pgk=BYTES_PER_PARAM["fp16"]) -> float:
     return sum(model_state_bytes(num_params, stage, dp, mp, pgk).values())
 
 

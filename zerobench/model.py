@@ -1,15 +1,15 @@
-"""A GPT-2 style decoder (pre-LN, learned positions, tied embeddings, 4h GELU MLP).
+"""A GPT-2 style decoder (pre-LN, learned positions, tied embeddings, 4h GELU MLP): the plain,
+single-process model. It knows neither ZeRO nor tensor parallelism; functions that build the
+trained thing transform it: `parallel.tensor_parallel.apply_tensor_parallel` (Megatron MP),
+`zero.activations.apply_activation_checkpointing` (ZeRO-R) and `zero.apply_zero` (ZeRO-DP).
 
 Weights are stored in the precision policy's storage dtype and cast to its compute dtype at use,
 so on CPU a 16-bit model holds 2 bytes per weight while its matmuls run in fp32 (paper §3.1's
-mixed-precision layout, measurable where 16-bit matmul is slow). Activation checkpointing keeps
-one checkpoint per block, the block input (paper §3.2), in a `CheckpointStore` (ZeRO-R's P_a,
-P_a+cpu and M_D live there, zerobench/zero/activations.py).
+mixed-precision layout, measurable where 16-bit matmul is slow).
 
-Built with a `TensorParallel` context (`tp`), the model is Megatron's: QKV and the first MLP
-linear column-parallel, the attention output and second MLP linear row-parallel, the heads split
-across the MP ranks, the tied embedding vocab-parallel (zerobench/parallel/tensor_parallel.py).
-Without one it is the single-process model.
+A parameter may be one rank's slice of the single-process tensor (after a split): it then carries
+`mp_split`, an object with `full_shape(local_shape)` and `local(full)`, and `init_weights` draws
+the whole tensor and keeps its slice, so every layout starts from the single-process weights.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from zerobench.config import ModelConfig
-from zerobench.zero.activations import CheckpointStore, checkpoint
 
 
 class _Cast(nn.Module):
@@ -53,93 +52,73 @@ class LayerNorm(_Cast):
         return F.layer_norm(x, x.shape[-1:], self.w(self.weight), self.w(self.bias), eps=1e-5)
 
 
-def _tp():
-    # imported late: the MP layers are built on Linear above
-    from zerobench.parallel import tensor_parallel
-
-    return tensor_parallel
-
-
-def _column(fan_in: int, fan_out: int, tp, parts: int = 1) -> Linear:
-    return Linear(fan_in, fan_out) if tp is None else _tp().ColumnParallelLinear(fan_in, fan_out, tp, parts)
-
-
-def _row(fan_in: int, fan_out: int, tp) -> Linear:
-    return Linear(fan_in, fan_out) if tp is None else _tp().RowParallelLinear(fan_in, fan_out, tp)
-
-
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp=None):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.heads = cfg.heads // (1 if tp is None else tp.size)  # heads on this rank
-        self.qkv = _column(cfg.hidden, 3 * cfg.hidden, tp, parts=3)
-        self.proj = _row(cfg.hidden, cfg.hidden, tp)
+        self.head_dim = cfg.hidden // cfg.heads
+        self.qkv = Linear(cfg.hidden, 3 * cfg.hidden)
+        self.proj = Linear(cfg.hidden, cfg.hidden)
 
     def forward(self, x):
         b, s, _ = x.shape
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        h = q.shape[-1]  # this rank's share of the hidden size
+        h = q.shape[-1]  # the hidden size this layer computes (a share of it when split by heads)
         # (b, s, h) -> (b, heads, s, head_dim)
-        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(b, s, h // self.head_dim, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, s, h))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp=None):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc = _column(cfg.hidden, 4 * cfg.hidden, tp)
-        self.proj = _row(4 * cfg.hidden, cfg.hidden, tp)
+        self.fc = Linear(cfg.hidden, 4 * cfg.hidden)
+        self.proj = Linear(4 * cfg.hidden, cfg.hidden)
 
     def forward(self, x):
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp=None):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln1 = LayerNorm(cfg.hidden)
-        self.attn = Attention(cfg, tp)
+        self.attn = Attention(cfg)
         self.ln2 = LayerNorm(cfg.hidden)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = MLP(cfg)
 
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
-class GPT(_Cast):
-    """`tp`: a TensorParallel context to split the model over (None: the single-process model).
-    `checkpoints`: where the block checkpoints go (default: kept whole, on the device)."""
+class TiedVocab(nn.Module):
+    """The token embedding lookup and the output layer's loss, both on the tied embedding matrix
+    (no parameters of its own: the GPT holds `wte`). A split model swaps in its own."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        checkpoint_activations: bool = False,
-        tp=None,
-        checkpoints: CheckpointStore | None = None,
-    ):
+    def embed(self, idx: torch.Tensor, wte: torch.Tensor) -> torch.Tensor:
+        return F.embedding(idx, wte)
+
+    def loss(self, x: torch.Tensor, wte: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x, wte)
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class GPT(_Cast):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg, self.tp = cfg, tp
-        self.checkpoint_activations = checkpoint_activations
-        if checkpoint_activations and checkpoints is None:
-            checkpoints = CheckpointStore(cfg.layers)
-        self.checkpoints = checkpoints
-        # tied with the output layer; with MP each rank holds its rows of the padded vocabulary
-        self.vocab_shard = None if tp is None else _tp().VocabShard.of(cfg.vocab, tp)
-        rows = cfg.vocab if tp is None else self.vocab_shard.rows
-        self.wte = nn.Parameter(torch.empty(rows, cfg.hidden))
-        if tp is not None:
-            _tp().mark_split(self.wte, _tp().Split(0, cfg.vocab))
+        self.cfg = cfg
+        self.wte = nn.Parameter(torch.empty(cfg.vocab, cfg.hidden))  # tied with the output layer
         self.wpe = nn.Parameter(torch.empty(cfg.seq, cfg.hidden))
-        self.blocks = nn.ModuleList(Block(cfg, tp) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.ln_f = LayerNorm(cfg.hidden)
+        self.vocab = TiedVocab()
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """GPT-2 init from a seeded generator on the weights' device, so every rank builds the
-        same weights (and a GPU builds a large model without a trip through host memory). An MP
-        rank draws each full tensor, as the single-process model does, and keeps its slice."""
+        same weights (and a GPU builds a large model without a trip through host memory). A sliced
+        parameter draws its full tensor, as the single-process model does, and keeps its slice."""
         gen = torch.Generator(device=self.wte.device).manual_seed(seed)
         std = 0.02
         residual_std = std / math.sqrt(2 * self.cfg.layers)  # GPT-2: scale residual projections
@@ -153,7 +132,7 @@ class GPT(_Cast):
                 split = getattr(p, "mp_split", None)
                 shape = p.shape if split is None else split.full_shape(p.shape)
                 full = torch.randn(shape, generator=gen, device=gen.device) * s
-                p.copy_(full if split is None else split.local(full, self.tp.rank, self.tp.size))
+                p.copy_(full if split is None else split.local(full))
 
     def set_dtypes(self, storage: torch.dtype, compute: torch.dtype) -> GPT:
         self.to(storage)
@@ -164,17 +143,8 @@ class GPT(_Cast):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy over the micro-batch."""
-        s = idx.shape[1]
-        wte, tp = self.w(self.wte), self.tp
-        x = F.embedding(idx, wte) if tp is None else _tp().vocab_parallel_embedding(idx, wte, self.vocab_shard, tp)
-        x = x + self.w(self.wpe)[:s]
-        for i, block in enumerate(self.blocks):
-            if self.checkpoint_activations and torch.is_grad_enabled():
-                x = checkpoint(block, x, self.checkpoints, i)
-            else:
-                x = block(x)
-        if tp is None:
-            logits = F.linear(self.ln_f(x), wte)
-            return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
-        logits = F.linear(_tp().copy_to_mp(self.ln_f(x), tp), wte)  # this rank's vocabulary columns
-        return _tp().vocab_parallel_cross_entropy(logits, targets, self.vocab_shard, tp)
+        wte = self.w(self.wte)
+        x = self.vocab.embed(idx, wte) + self.w(self.wpe)[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.vocab.loss(self.ln_f(x), wte, targets)

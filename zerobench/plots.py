@@ -13,7 +13,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-STAGE_LABELS = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+from zerobench.config import STAGE_LABELS  # noqa: E402
+
 COLORS = {0: "tab:gray", 1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
 MARKERS = {"measured": "o", "traced": "s", "modelled": "D", "formula": "^"}
 PAPER = dict(marker="o", facecolors="none", edgecolors="black", s=90, linewidths=1.3, zorder=5)

@@ -20,11 +20,11 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench import memory
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.config import STAGE_LABELS, ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.results import load_paper_reference
 
 GB = 1e9  # the paper's GB
-STAGES = {1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}
 NDS = (1, 4, 16, 64, 256, 1024)
 # traced by default: a cell's trace (the engine built, no step) costs ~1-6 s of CPU here, plus ~3 s
 # once to import torch._dynamo (zerobench/trace.py), so three N_d per model; the formula covers
@@ -49,8 +49,8 @@ def printed(value: float, like: str, truncate: bool) -> Decimal:
 
 def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
     """Per-rank model-state bytes of this engine, traced (see `zerobench.trace.trace_states`)."""
-    from zerobench.run import TrialSpec
     from zerobench.trace import trace_states
+    from zerobench.trial import TrialSpec
 
     spec = TrialSpec(model, ParallelConfig(dp=nd, stage=stage), PRECISION)
     return sum(trace_states(spec).values())

@@ -14,11 +14,11 @@ import math
 
 import pandas as pd
 
+from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
 from zerobench.results import load_paper_reference, read_record
 
-STAGE_LABELS = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
-PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}  # bytes per parameter, paper §3.1
+PGK = BYTES_PER_PARAM  # bytes per parameter, paper §3.1
 TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters
 
 
@@ -57,7 +57,7 @@ def memory(records: list[dict]) -> pd.DataFrame:
         psi, dp, mp, stage = r.get("num_params"), r.get("dp") or 1, r.get("mp") or 1, r.get("stage") or 0
         state = _state_bytes(r)
         ours = state / psi if state is not None and psi else None
-        expected = total_model_state_bytes(1.0, stage, dp, mp, PGK.get(r.get("precision"), (2, 2, 12)))
+        expected = total_model_state_bytes(1.0, stage, dp, mp, PGK.get(r.get("precision"), PGK["fp16"]))
         p = paper.get((dp, stage)) if r.get("precision") in ("bf16", "fp16") and mp == 1 else None
         rows.append(dict(
             key=f"{r['source']} {r.get('model')} {STAGE_LABELS[stage]} N_d={dp}", source=r["source"],

@@ -30,7 +30,8 @@ from zerobench import memory
 from zerobench.comms import Comms
 from zerobench.data import micro_batches, token_source
 from zerobench.parallel import topology
-from zerobench.run import TrialSpec, _short, build_engine
+from zerobench.train import build_engine
+from zerobench.trial import TrialSpec, short_error
 
 CATEGORIES = ("param", "grad", "optimizer", "activation", "temporary", "other")
 COUNTER = "zerobench.trace.StorageCounter"
@@ -219,14 +220,14 @@ def trace_record(spec: TrialSpec) -> dict:
     try:
         out = trace_step(spec)
     except Exception as exc:  # a record either way, as `zerobench run` does
-        return spec.base_record("traced", status="error", error=_short(exc))
+        return spec.record("traced", status="error", error=short_error(exc))
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     after, peak = out["bytes"], out["peak_breakdown"]
     # the ledger of one step; its seconds are the fake group's, not a network's
     comm = {
         k: {**v, "seconds": None, "per_step_volume_elements": v["volume_elements"]} for k, v in out["ledger"].items()
     }
-    return spec.base_record(
+    return spec.record(
         "traced",
         param_bytes=after["param"],
         grad_bytes=after["grad"],

@@ -20,7 +20,7 @@ from zerobench.comms import Comms
 from zerobench.config import ConfigError, PrecisionConfig
 from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.parallel import topology
-from zerobench.run import build_engine, train_steps
+from zerobench.train import build_engine, train_steps
 
 
 def _processes_mentioning(text: str) -> list[str]:

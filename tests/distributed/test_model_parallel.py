@@ -4,7 +4,6 @@ per rank (Ψ/N_m per MP rank, then the ZeRO stage over N_d), and the MP ledger v
 paper.md §1.4). Threaded process groups, plus one world on real gloo."""
 
 import dataclasses
-import importlib.util
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from zerobench import cli
 from zerobench.comms import Comms
 from zerobench.config import ZERO_CONFIGS, ConfigError, ParallelConfig, preset
 from zerobench.parallel import topology
-from zerobench.run import build_engine, train_steps
+from zerobench.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 ODD_VOCAB = preset("tiny").with_overrides(layers=3, seq=24, vocab=997)  # 997 is prime: padded for every mp
@@ -49,10 +48,6 @@ def test_parity_with_even_vocab_and_accumulation():
     assert_parity(spec, threaded(4, engine_run, spec))
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("zerobench.zero.stage3") is None,
-    reason="zerobench/zero/stage3.py (Stage3Engine) is not written yet; add stage 3 × MP once it exists",
-)
 def test_stage3_parity_with_mp():
     spec = mp_spec(2, 2, 3)
     assert_parity(spec, threaded(4, engine_run, spec))
@@ -66,7 +61,7 @@ def _norm_and_pad(rank, spec):
         train_steps(engine, spec, ctx, 1, first_step=step)
         norms.append(engine.last_grad_norm)
     model = engine.model
-    shard = model.vocab_shard
+    shard = model.vocab.shard
     padded_rows = model.wte.detach()[max(0, shard.vocab - shard.start) :]
     pad_max = padded_rows.abs().max().item() if padded_rows.numel() else 0.0
     return norms, pad_max, shard, whole_parameters(engine, ctx)
@@ -163,8 +158,6 @@ def test_mp_communication_volume(mp, checkpoint):
     assert r["volume"]["all_reduce/mp"] / steps == pytest.approx(
         blocks + 2 * 2 * bsh * ring + 3 * 2 * bs * ring + 2 * ring
     )
-    if checkpoint:
-        assert blocks / cfg.layers == pytest.approx(12 * bsh * ring)
 
 
 def test_models_that_do_not_divide_are_rejected(capsys):

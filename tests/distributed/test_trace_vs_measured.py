@@ -9,8 +9,8 @@ from tests.engine_cases import spec_for
 from tests.worlds import threaded
 from zerobench.comms import Comms
 from zerobench.parallel import topology
-from zerobench.run import build_engine, train_steps
 from zerobench.trace import trace_step
+from zerobench.train import build_engine, train_steps
 
 LEDGER_KEYS = ("calls", "elements", "bytes", "volume_elements", "volume_bytes")
 

@@ -1,8 +1,6 @@
 """ZeRO-R (paper §6): P_a, P_a+cpu, C_B and M_D on a dp = 2 × mp = 2 world, against the
 single-process reference, the checkpoint-memory formula and the ledger (paper.md §1.2–1.4)."""
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -12,7 +10,8 @@ from zerobench import cli, cli_args, memory
 from zerobench.comms import Comms
 from zerobench.config import ZERO_CONFIGS
 from zerobench.parallel import topology
-from zerobench.run import build_engine, train_steps
+from zerobench.train import build_engine, train_steps
+from zerobench.zero.activations import checkpoint_store
 from zerobench.zero.buffers import AllocationCounter, largest_bucket_bytes
 
 DP, MP, B = 2, 2, 2
@@ -33,7 +32,7 @@ def _probe(rank, spec):
     comms = Comms()
     engine = build_engine(spec, ctx, comms, torch.device("cpu"))
     train_steps(engine, spec, ctx, 1)
-    store = engine.model.checkpoints
+    store = checkpoint_store(engine.model)
     allocations_after_warmup = store.allocations
     comms.ledger.reset()
     with AllocationCounter() as counter:
@@ -62,9 +61,10 @@ def test_checkpoint_bytes_per_rank(probes):
     """Whole checkpoints: b·s·h·L elements per rank; P_a: 1/N_m of that; P_a+cpu: none on the
     device, 1/N_m on host (fp32 compute on CPU: 4 bytes an element)."""
     cfg = _spec().model
-    whole = memory.checkpoint_bytes(B, cfg.seq, cfg.hidden, cfg.layers, elem_bytes=4)
-    part = memory.checkpoint_bytes(B, cfg.seq, cfg.hidden, cfg.layers, MP, partitioned=True, elem_bytes=4)
-    assert part == whole / MP
+    whole = B * cfg.seq * cfg.hidden * cfg.layers * 4  # one fp32 block input per layer
+    part = whole // MP
+    assert memory.checkpoint_bytes(B, cfg.seq, cfg.hidden, cfg.layers, elem_bytes=4) == whole
+    assert memory.checkpoint_bytes(B, cfg.seq, cfg.hidden, cfg.layers, MP, partitioned=True, elem_bytes=4) == part
     expected = {"checkpoint": (whole, 0), "P_a": (part, 0), "P_a+cpu": (0, part)}
     for (name, _), ranks in probes.items():
         for r in ranks:
@@ -74,7 +74,8 @@ def test_checkpoint_bytes_per_rank(probes):
 
 def test_partition_overhead_is_one_twelfth_of_mp(probes):
     """P_a adds one all-gather of b·s·h per block per step (volume b·s·h·(N_m−1)/N_m): 1/12 of the
-    block's MP all-reduce volume with checkpointing, under the paper's 10% in total."""
+    block's MP all-reduce volume with checkpointing (12·b·s·h·(N_m−1)/N_m, counted from the ledger
+    in test_model_parallel.py), and under the paper's 10% of the measured MP all-reduce volume."""
     cfg = _spec().model
     bsh, ring = B * cfg.seq * cfg.hidden, (MP - 1) / MP
     base = probes[("checkpoint", False)][0]["ledger"]
@@ -83,8 +84,6 @@ def test_partition_overhead_is_one_twelfth_of_mp(probes):
         calls, gather, _ = led["all_gather/mp"]
         assert calls == cfg.layers and gather == pytest.approx(cfg.layers * bsh * ring)
         assert led["all_reduce/mp"] == base["all_reduce/mp"]  # P_a adds, never changes, MP traffic
-        per_block_mp = 6 * 2 * bsh * ring  # 2 fwd + 2 recompute + 2 bwd all-reduces
-        assert gather / cfg.layers / per_block_mp == pytest.approx(1 / 12)
         assert gather / led["all_reduce/mp"][1] < 0.10
     assert "all_gather/mp" not in base
 
@@ -123,8 +122,6 @@ def test_contiguous_buffers_allocate_once(probes):
 )
 def test_parity_of_zero_configs(config, stage):
     """C1–C5 (SC20 Table III) with checkpointing on, dp = 2 × mp = 2, equal the single-process run."""
-    if stage == 3 and importlib.util.find_spec("zerobench.zero.stage3") is None:
-        pytest.skip("zerobench/zero/stage3.py is not written yet")
     switches = dict(ZERO_CONFIGS.get(config, SWITCHES["P_a+cpu"]), stage=stage, checkpoint_activations=True)
     spec = spec_for("tiny", dp=DP, mp=MP, micro_batch=B, steps=3, **switches)
     out = threaded(DP * MP, engine_run, spec)

@@ -5,17 +5,16 @@ field — never another exception from deeper down (a TypeError, a ZeroDivisionE
 import math
 import re
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerobench import cli, cli_args
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.run import TrialSpec
+from zerobench.trial import TrialSpec
 
-EXAMPLES = 400
+EXAMPLES = 550  # per fuzzer; each must try at least MIN_TRIED, so a run fuzzes >= 1000 configurations
+MIN_TRIED = 500
 FIELD = re.compile(r"^([a-z_]+)=")
-TRIED = {"cli": 0, "dataclasses": 0}
 FIELDS = {
     f.name
     for cls in (ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig)
@@ -77,10 +76,22 @@ def argv(draw):
 FUZZ = settings(max_examples=EXAMPLES, deadline=5000, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@FUZZ
-@given(argv())
-def test_cli_rejects_with_the_field_or_accepts_a_sound_config(args):
-    TRIED["cli"] += 1
+def _fuzz(strategy, check) -> int:
+    """Run `check` on EXAMPLES draws of `strategy` in this test (so the count cannot depend on
+    which pytest-xdist worker ran what); returns how many were tried."""
+    tried = []
+
+    @FUZZ
+    @given(strategy)
+    def run(value):
+        tried.append(1)
+        check(value)
+
+    run()
+    return len(tried)
+
+
+def _check_argv(args):
     parsed = cli.parser().parse_args(args)
     try:
         model, parallel, precision, train = cli_args.configs(parsed)
@@ -89,6 +100,12 @@ def test_cli_rejects_with_the_field_or_accepts_a_sound_config(args):
         _assert_named(exc)
         return
     _assert_obeys_rules(model, parallel, precision, train)
+
+
+def test_cli_rejects_with_the_field_or_accepts_a_sound_config():
+    tried = _fuzz(argv(), _check_argv)
+    print(f"\nconfig fuzzing: {tried} CLI argument lists")
+    assert tried >= MIN_TRIED
 
 
 def _kwargs(cls, draw, valid: dict) -> dict:
@@ -107,10 +124,7 @@ _VALID = {
 }
 
 
-@FUZZ
-@given(st.data())
-def test_dataclasses_reject_with_the_field_or_accept_a_sound_config(data):
-    TRIED["dataclasses"] += 1
+def _check_dataclasses(data):
     try:
         built = {cls: cls(**_kwargs(cls, data.draw, valid)) for cls, valid in _VALID.items()}
         built[ParallelConfig].check_model(built[ModelConfig])
@@ -120,9 +134,7 @@ def test_dataclasses_reject_with_the_field_or_accept_a_sound_config(data):
     _assert_obeys_rules(*built.values())
 
 
-def test_cases_were_tried():
-    """Runs after the two fuzzers (file order); the count is what the report quotes."""
-    print(f"\nconfig fuzzing: {TRIED['cli']} CLI argument lists, {TRIED['dataclasses']} dataclass combinations")
-    if TRIED["cli"] == 0:
-        pytest.skip("fuzzers not run in this session")
-    assert TRIED["cli"] >= EXAMPLES // 2 and TRIED["dataclasses"] >= EXAMPLES // 2
+def test_dataclasses_reject_with_the_field_or_accept_a_sound_config():
+    tried = _fuzz(st.data(), _check_dataclasses)
+    print(f"\nconfig fuzzing: {tried} dataclass combinations")
+    assert tried >= MIN_TRIED

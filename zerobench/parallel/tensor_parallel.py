@@ -1,5 +1,6 @@
 """Megatron-style tensor model parallelism (the paper's MP baseline, §4.3 and §7.1 of Shoeybi et al.):
-column- and row-parallel linears, a vocab-parallel embedding and cross-entropy, and the two
+the pieces `parallel/megatron.apply_tensor_parallel` splits the plain model with — column- and
+row-parallel linears, a vocab-parallel embedding and cross-entropy, and the two
 conjugate operators f (identity forward, all-reduce backward) and g (all-reduce forward, identity
 backward). Per transformer block that is two all-reduces of b·s·h in forward (after attention and
 after the MLP) and two in backward (before QKV and before the first MLP linear): paper §7 /
@@ -49,15 +50,18 @@ class TensorParallel:
 @dataclass(frozen=True)
 class Split:
     """How a parameter is split: dimension `dim` of the full tensor (length `full`, padded up to a
-    multiple of parts·N_m) is cut into `parts` stacked blocks, each cut into N_m slices; rank r
-    holds slice r of every block (QKV: parts = 3, so each rank keeps whole heads of q, k and v)."""
+    multiple of parts·N_m) is cut into `parts` stacked blocks, each cut into N_m (`mp`) slices;
+    rank `rank` holds slice `rank` of every block (QKV: parts = 3, so each rank keeps whole heads
+    of q, k and v). This is the `mp_split` the plain model's init reads (zerobench/model.py)."""
 
     dim: int
     full: int
     parts: int = 1
+    rank: int = 0
+    mp: int = 1
 
-    def padded(self, mp: int) -> int:
-        unit = self.parts * mp
+    def padded(self) -> int:
+        unit = self.parts * self.mp
         return -(-self.full // unit) * unit
 
     def full_shape(self, local_shape: torch.Size) -> tuple[int, ...]:
@@ -65,27 +69,26 @@ class Split:
         shape[self.dim] = self.full
         return tuple(shape)
 
-    def _blocks(self, full_padded: torch.Tensor, mp: int) -> torch.Tensor:
+    def _blocks(self, full_padded: torch.Tensor) -> torch.Tensor:
         """A view [..., parts, mp, slice, ...] of the padded full tensor."""
         n = full_padded.shape[self.dim]
-        return full_padded.unflatten(self.dim, (self.parts, mp, n // (self.parts * mp)))
+        return full_padded.unflatten(self.dim, (self.parts, self.mp, n // (self.parts * self.mp)))
 
-    def local(self, full: torch.Tensor, rank: int, mp: int) -> torch.Tensor:
+    def local(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's slice (a copy) of the single-process tensor."""
-        pad = self.padded(mp) - self.full
+        pad = self.padded() - self.full
         if pad:
             shape = list(full.shape)
             shape[self.dim] = pad
             full = torch.cat([full, full.new_zeros(shape)], dim=self.dim)
-        return self._blocks(full, mp).select(self.dim + 1, rank).flatten(self.dim, self.dim + 1).clone()
+        return self._blocks(full).select(self.dim + 1, self.rank).flatten(self.dim, self.dim + 1).clone()
 
     def assemble(self, slices: list[torch.Tensor]) -> torch.Tensor:
-        """The single-process tensor from every rank's slice (inverse of `local`)."""
-        mp = len(slices)
+        """The single-process tensor from every rank's slice, in rank order (inverse of `local`)."""
         shape = list(slices[0].shape)
-        shape[self.dim] = self.padded(mp)
+        shape[self.dim] = self.padded()
         full = slices[0].new_empty(shape)
-        blocks = self._blocks(full, mp)
+        blocks = self._blocks(full)
         for r, s in enumerate(slices):
             target = blocks.select(self.dim + 1, r)
             target.copy_(s.unflatten(self.dim, (self.parts, s.shape[self.dim] // self.parts)))
@@ -141,6 +144,10 @@ def reduce_from_mp(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 
 
 # -- layers ------------------------------------------------------------------------------------
+def split_of(tp: TensorParallel, dim: int, full: int, parts: int = 1) -> Split:
+    return Split(dim, full, parts, tp.rank, tp.size)
+
+
 class ColumnParallelLinear(Linear):
     """y_r = x W_rᵀ + b_r: output features split across MP (`parts` stacked blocks split each)."""
 
@@ -149,8 +156,8 @@ class ColumnParallelLinear(Linear):
             raise ValueError(f"fan_out={fan_out}: must be divisible by {parts} × mp ({tp.size})")
         super().__init__(fan_in, fan_out // tp.size)
         self.tp = tp
-        mark_split(self.weight, Split(0, fan_out, parts))
-        mark_split(self.bias, Split(0, fan_out, parts))
+        mark_split(self.weight, split_of(tp, 0, fan_out, parts))
+        mark_split(self.bias, split_of(tp, 0, fan_out, parts))
 
     def forward(self, x):
         return super().forward(copy_to_mp(x, self.tp))
@@ -165,7 +172,7 @@ class RowParallelLinear(Linear):
             raise ValueError(f"fan_in={fan_in}: must be divisible by mp ({tp.size})")
         super().__init__(fan_in // tp.size, fan_out)
         self.tp = tp
-        mark_split(self.weight, Split(1, fan_in))
+        mark_split(self.weight, split_of(tp, 1, fan_in))
 
     def forward(self, x):
         return reduce_from_mp(F.linear(x, self.w(self.weight)), self.tp) + self.w(self.bias)
@@ -181,7 +188,7 @@ class VocabShard:
 
     @classmethod
     def of(cls, vocab: int, tp: TensorParallel) -> VocabShard:
-        rows = Split(0, vocab).padded(tp.size) // tp.size
+        rows = split_of(tp, 0, vocab).padded() // tp.size
         return cls(vocab, tp.rank * rows, rows)
 
 
@@ -232,7 +239,7 @@ def vocab_parallel_cross_entropy(logits, targets, shard: VocabShard, tp: TensorP
 
 # -- whole tensors back ------------------------------------------------------------------------
 def gather_full(
-    named: dict[str, torch.Tensor], model: nn.Module, tp: TensorParallel, comms: Comms | None = None
+    named: dict[str, torch.Tensor], model: nn.Module, mp_group: Group, comms: Comms | None = None
 ) -> dict[str, torch.Tensor]:
     """`named` (this rank's whole-over-DP parameters, e.g. an engine's `full_parameters()`) as the
     single-process model holds them, in fp32: MP slices all-gathered and reassembled by the split
@@ -243,12 +250,12 @@ def gather_full(
     for name, value in named.items():
         local = value.detach().float().contiguous()
         split = getattr(params[name], "mp_split", None)
-        if split is None or tp.size == 1:
+        if split is None or mp_group.size == 1:
             out[name] = local.clone()
             continue
-        flat = torch.empty(tp.size * local.numel(), dtype=local.dtype, device=local.device)
-        comms.all_gather(flat, local.reshape(-1), tp.group)
-        out[name] = split.assemble(list(flat.view(tp.size, *local.shape)))
+        flat = torch.empty(mp_group.size * local.numel(), dtype=local.dtype, device=local.device)
+        comms.all_gather(flat, local.reshape(-1), mp_group)
+        out[name] = split.assemble(list(flat.view(mp_group.size, *local.shape)))
     return out
 
 

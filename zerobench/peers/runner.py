@@ -9,8 +9,8 @@ import json
 import os
 import platform
 
-from zerobench import results
-from zerobench.peers.common import IMPLEMENTATIONS, Unavailable, family, measure, summarise
+from zerobench import trial
+from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
@@ -26,7 +26,7 @@ COLUMNS = (
 def _base_row(impl: str, spec) -> dict:
     module, stage = IMPLEMENTATIONS[impl]
     fam = family(impl)
-    vers = {**results.versions(), **fam.versions()}
+    vers = {**trial.versions(), **fam.versions()}
     peer = {"ours": "zerobench", "torch_peers": "torch", "deepspeed_peer": "deepspeed"}[module]
     return {
         **dict.fromkeys(COLUMNS),
@@ -34,7 +34,7 @@ def _base_row(impl: str, spec) -> dict:
         "family": peer,
         "stage": stage,
         "source": "measured",
-        **{k: v for k, v in results.model_fields(spec.model).items() if k in ("model", "num_params")},
+        **{k: v for k, v in trial.model_columns(spec.model).items() if k in ("model", "num_params")},
         "dp": spec.parallel.dp,
         "world_size": spec.parallel.world_size,
         "precision": spec.precision.mode,
@@ -46,7 +46,7 @@ def _base_row(impl: str, spec) -> dict:
         "threads_per_rank": 1,
         "peer_version": f"{peer} {vers.get(peer, '0.1.0')}" + (f" / torch {vers['torch']}" if peer != "torch" else ""),
         "versions": json.dumps(vers),
-        "git_rev": results.git_revision(),
+        "git_rev": trial.git_revision(),
         "host": platform.node(),
     }
 

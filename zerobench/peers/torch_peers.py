@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zerobench.peers.common import Unavailable, rank_batches, reference_model
+from zerobench.peers.harness import Unavailable, rank_batches, reference_model
 
 
 def check(impl: str, spec) -> None:

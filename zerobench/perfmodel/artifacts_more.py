@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.config import PRESETS, ModelConfig, ParallelConfig
+from zerobench.config import PRESETS, STAGE_LABELS, ModelConfig, ParallelConfig
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel import paper_setups as ps
 from zerobench.perfmodel.calibration import DEFAULT, Calibration
@@ -12,7 +12,7 @@ from zerobench.perfmodel.common import PREC, capped, paper, row, zero_best
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.memory_fit import max_layers
 
-STAGES = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
+STAGES = STAGE_LABELS
 PAPER_GB = 32e9  # Table 2's theoretical columns: 32 GB of model states (paper.md §3)
 # Table 2 gives no shapes: one width per MP degree (heads divisible by MP), layers searched.
 TABLE2_WIDTH = {1: (3072, 24), 2: (4096, 32), 4: (6144, 48), 8: (8192, 64), 16: (12288, 96)}

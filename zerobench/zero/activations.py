@@ -8,8 +8,9 @@ block's forward and back before its recomputation, so the device holds no checkp
 forward and backward. M_D writes the checkpoints into one buffer preallocated for all layers (and
 reuses one gather and one reload buffer) instead of allocating a tensor per layer per step.
 
-The recomputation is reentrant (as Megatron and DeepSpeed do it): the block is run again inside
-this function's backward and its parameters' gradients accumulate there, so the engine's
+`apply_activation_checkpointing` applies it to a plain model (zerobench/model.py). The
+recomputation is reentrant (as Megatron and DeepSpeed do it): the block is run again inside
+its checkpoint's backward and its parameters' gradients accumulate there, so the engine's
 post-accumulate-grad hooks fire as usual.
 """
 
@@ -54,17 +55,6 @@ class CheckpointStore:
         self._slots: torch.Tensor | None = None  # M_D: [layers, kept] on the device, or on host with offload
         self._gathered: torch.Tensor | None = None  # M_D: one whole checkpoint, reused layer by layer
         self._reload: torch.Tensor | None = None  # M_D with offload: one chunk's way back
-
-    @classmethod
-    def for_config(cls, parallel: ParallelConfig, layers: int, mp_group, comms: Comms) -> CheckpointStore:
-        return cls(
-            layers,
-            mp_group,
-            comms,
-            partition=parallel.partition_activations,
-            offload=parallel.offload_activations,
-            contiguous=parallel.contiguous_buffers,
-        )
 
     def _new(self, numel: int, like: torch.Tensor, host: bool = False) -> torch.Tensor:
         self.allocations += 1
@@ -131,21 +121,64 @@ class CheckpointStore:
 
 class _Checkpointed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, block, store: CheckpointStore, layer: int):
-        ctx.block, ctx.store, ctx.device = block, store, x.device
-        ctx.saved = store.save(x, layer)
-        return block(x)  # grad mode is off inside Function.forward: nothing of the block is kept
+    def forward(ctx, x, block: CheckpointedForward):
+        ctx.block, ctx.device = block, x.device
+        ctx.saved = block.store.save(x, block.layer)
+        return block.inner(x)  # grad mode is off inside Function.forward: nothing of the block is kept
 
     @staticmethod
     def backward(ctx, grad):
-        x = ctx.store.load(ctx.saved, ctx.device).detach().requires_grad_()
+        x = ctx.block.store.load(ctx.saved, ctx.device).detach().requires_grad_()
         ctx.saved = None
         with torch.enable_grad():
-            y = ctx.block(x)
+            y = ctx.block.recompute(x)
         torch.autograd.backward(y, grad)
-        return x.grad, None, None, None
+        return x.grad, None
 
 
-def checkpoint(block, x: torch.Tensor, store: CheckpointStore, layer: int) -> torch.Tensor:
-    """`block(x)` keeping only its input (through `store`) and recomputing the block in backward."""
-    return _Checkpointed.apply(x, block, store, layer)
+class CheckpointedForward:
+    """A block's forward that keeps only its input (through `store`) and recomputes the block in
+    backward; without grad (evaluation) it is the block's own forward. The recomputation calls the
+    block as a module, so hooks on it (an FSDP peer's unshard) fire as in its first forward."""
+
+    def __init__(self, block, store: CheckpointStore, layer: int):
+        self.block, self.inner, self.store, self.layer = block, block.forward, store, layer
+        self._recomputing = False
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._recomputing or not torch.is_grad_enabled():
+            return self.inner(x)
+        return _Checkpointed.apply(x, self)
+
+    def recompute(self, x: torch.Tensor) -> torch.Tensor:
+        self._recomputing = True
+        try:
+            return self.block(x)
+        finally:
+            self._recomputing = False
+
+
+def apply_activation_checkpointing(
+    model, parallel: ParallelConfig, mp_group=None, comms: Comms | None = None
+) -> CheckpointStore:
+    """Checkpoint every block of the plain `model` in place (paper §3.2: one checkpoint per block,
+    its input), kept as `parallel` says — whole, P_a over `mp_group`, P_a+cpu, M_D — with the
+    gathers and host copies counted in `comms`. The module tree and parameter names are unchanged
+    (each block's forward is wrapped). Returns the store; `checkpoint_store(model)` finds it again."""
+    store = CheckpointStore(
+        len(model.blocks),
+        mp_group,
+        comms,
+        partition=parallel.partition_activations,
+        offload=parallel.offload_activations,
+        contiguous=parallel.contiguous_buffers,
+    )
+    for i, block in enumerate(model.blocks):
+        block.forward = CheckpointedForward(block, store, i)
+    return store
+
+
+def checkpoint_store(model) -> CheckpointStore | None:
+    """The store `apply_activation_checkpointing` gave `model`'s blocks, or None."""
+    forward = model.blocks[0].forward if len(model.blocks) else None
+    return forward.store if isinstance(forward, CheckpointedForward) else None

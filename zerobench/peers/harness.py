@@ -1,6 +1,6 @@
 """What every implementation in the side-by-side comparison shares: the same GPT with the same
 initial weights, the same token batches, and one measurement harness run on every rank of a
-world of its own (one spawned gloo world per implementation, file rendezvous, no ports).
+world of its own (one spawned gloo world per implementation, zerobench/parallel/spawn.py).
 
 The harness times whole optimizer steps (median and spread over the timed steps), records the
 loss of every step averaged over DP ranks, the peak resident set of each rank (VmHWM: the
@@ -13,20 +13,18 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-import os
-import pickle
 import statistics
-import tempfile
 import threading
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.model import GPT
-from zerobench.parallel.topology import leave_together
+from zerobench.parallel.spawn import spawned
+from zerobench.trial import TrialSpec
+from zerobench.zero.activations import apply_activation_checkpointing
 
 # torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)
 TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3: "fsdp2-reshard"}
@@ -55,7 +53,9 @@ def family(impl: str):
 
 def reference_model(spec) -> GPT:
     """The GPT every peer trains: our model, our seeded init, fp32 on CPU."""
-    model = GPT(spec.model, checkpoint_activations=spec.parallel.checkpoint_activations)
+    model = GPT(spec.model)
+    if spec.parallel.checkpoint_activations:
+        apply_activation_checkpointing(model, spec.parallel)
     model.init_weights(spec.train.seed)
     return model
 
@@ -158,61 +158,35 @@ def timed_collectives(trainer, observer: CollectiveObserver) -> dict:
     return own() if own is not None else observer.counts
 
 
-def _rank_main(rank: int, world: int, tmp: str, impl: str, spec_dict: dict) -> None:
-    from zerobench.run import spec_from_dict
-
-    torch.set_num_threads(1)  # one rank per core
-    spec = spec_from_dict(spec_dict)
-    observer = CollectiveObserver()
-    family(impl)  # the family module (DeepSpeed itself is imported when its trainer is built)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{tmp}/rdzv",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=spec.timeout_s),
-    )
-    try:
-        out = train_on_rank(impl, spec, observer)
-        peak = _read_status_kib("VmHWM") * 1024
-        loss_t = torch.tensor(out["losses"], dtype=torch.float64)
-        dist.all_reduce(loss_t)
-        loss_t /= world
-        per_rank = [None] * world
-        dist.all_gather_object(per_rank, (peak, out["base_rss"]))
-        if rank == 0:
-            raw = {
-                "times": out["times"],
-                "losses": loss_t.tolist(),
-                "peak_rss": [p for p, _ in per_rank],
-                "base_rss": [b for _, b in per_rank],
-                "comm": timed_collectives(out["trainer"], observer),
-                "note": out["note"],
-            }
-            with open(os.path.join(tmp, "out.pkl"), "wb") as f:
-                pickle.dump(raw, f)
-        leave_together()
-    finally:
-        if dist.is_initialized():  # a failed rank leaves alone
-            dist.destroy_process_group()
+def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
+    """One rank of `measure`'s world; rank 0 returns the raw measurements."""
+    spec = TrialSpec.from_dict(spec_dict)
+    world = dist.get_world_size()
+    observer = CollectiveObserver()  # before DeepSpeed binds torch.distributed's functions
+    out = train_on_rank(impl, spec, observer)
+    peak = _read_status_kib("VmHWM") * 1024
+    loss_t = torch.tensor(out["losses"], dtype=torch.float64)
+    dist.all_reduce(loss_t)
+    loss_t /= world
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, (peak, out["base_rss"]))
+    if rank != 0:
+        return None
+    return {
+        "times": out["times"],
+        "losses": loss_t.tolist(),
+        "peak_rss": [p for p, _ in per_rank],
+        "base_rss": [b for _, b in per_rank],
+        "comm": timed_collectives(out["trainer"], observer),
+        "note": out["note"],
+    }
 
 
 def measure(impl: str, spec) -> dict:
     """Train `spec` with `impl` in a world of its own; the raw measurements of rank 0.
     Raises Unavailable when the implementation cannot run here."""
-    import torch.multiprocessing as mp
-
-    from zerobench.run import spec_to_dict
-
-    fam = family(impl)
-    fam.check(impl, spec)  # fails fast, in this process, with the reason
-    world = spec.parallel.dp
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(
-            _rank_main, args=(world, tmp, impl, spec_to_dict(spec)), nprocs=world, join=True, start_method="spawn"
-        )
-        with open(os.path.join(tmp, "out.pkl"), "rb") as f:
-            return pickle.load(f)
+    family(impl).check(impl, spec)  # fails fast, in this process, with the reason
+    return spawned(spec.parallel.dp, _on_rank, impl, spec.to_dict(), timeout_s=spec.timeout_s)[0]
 
 
 def summarise(raw: dict, spec) -> dict:

@@ -1,7 +1,6 @@
 """Sharded checkpoints: exact resume, resharding across dp and stages, export to a plain state_dict,
 atomic writes and refusal of damaged checkpoints. Threaded process groups except where noted."""
 
-import importlib.util
 import math
 import shutil
 
@@ -10,16 +9,14 @@ import torch
 
 from tests.engine_cases import spec_for
 from tests.worlds import spawned, threaded
-from zerobench import checkpoint, cli, results
-from zerobench.checkpoint import CheckpointError
+from zerobench import cli, results, snapshot
 from zerobench.comms import Comms
-from zerobench.config import ParallelConfig, preset
+from zerobench.config import preset
 from zerobench.model import GPT
 from zerobench.parallel import topology
-from zerobench.run import build_engine, train_steps
+from zerobench.snapshot import CheckpointError
+from zerobench.train import build_engine, train_steps
 
-HAS_STAGE3 = importlib.util.find_spec("zerobench.zero.stage3") is not None
-needs_stage3 = pytest.mark.skipif(not HAS_STAGE3, reason="zerobench/zero/stage3.py (Stage3Engine) not landed yet")
 STATES = ("master", "exp_avg", "exp_avg_sq")
 
 
@@ -38,13 +35,13 @@ def _session(rank, spec, load_from, save_to, steps, then_save=None):
     engine, ctx = _engine(spec)
     first, meta = 0, None
     if load_from:
-        meta = checkpoint.load(engine, load_from)
+        meta = snapshot.load(engine, load_from)
         first = meta["data_position"]
         if then_save:  # the state exactly as loaded, for comparison with what was saved
-            checkpoint.save(engine, meta["step"], first, then_save)
+            snapshot.save(engine, meta["step"], first, then_save)
     losses = train_steps(engine, spec, ctx, steps, first_step=first)
     if save_to:
-        checkpoint.save(engine, first + steps, first + steps, save_to)
+        snapshot.save(engine, first + steps, first + steps, save_to)
     scaler = engine.scaler
     return {
         "params": engine.full_parameters(),
@@ -63,7 +60,7 @@ def _assert_bitwise(a: dict, b: dict):
 
 @pytest.mark.parametrize(
     "stage, precision",
-    [(0, "fp32"), (1, "fp32"), (2, "fp32"), pytest.param(3, "fp32", marks=needs_stage3), (2, "fp16"), (1, "bf16")],
+    [(0, "fp32"), (1, "fp32"), (2, "fp32"), (3, "fp32"), (2, "fp16"), (1, "bf16")],
 )
 def test_resume_is_exact(stage, precision, tmp_path):
     """6 steps straight == 3 steps, save, new process group, load, 3 steps — to the bit."""
@@ -86,8 +83,8 @@ RESHARD = [
     (2, 2, 4, 1),
     (2, 0, 4, 2),
     (1, 1, 2, 2),
-    pytest.param(4, 3, 2, 1, marks=needs_stage3),
-    pytest.param(2, 1, 2, 3, marks=needs_stage3),
+    (4, 3, 2, 1),
+    (2, 1, 2, 3),
 ]
 
 
@@ -102,7 +99,7 @@ def test_reshard_across_dp_and_stage(save_dp, save_stage, load_dp, load_stage, t
     kept = _world(save_dp, _session, before, a, None, 3)
     moved = _world(load_dp, _session, after, a, None, 3, b)
     for state in STATES:
-        _assert_bitwise(checkpoint.export_state_dict(b, state), checkpoint.export_state_dict(a, state))
+        _assert_bitwise(snapshot.export_state_dict(b, state), snapshot.export_state_dict(a, state))
     assert moved[0]["adam_step"] == kept[0]["adam_step"] == 6.0
     assert moved[0]["meta"]["rng_restored"] == (save_dp == load_dp)
     # each rank's loss is over its own samples; compare the global mean
@@ -117,7 +114,7 @@ def _world(n, fn, *args):
 def test_export_loads_into_the_unsharded_model(tmp_path):
     spec = _spec(2, 2, "bf16")
     out = threaded(2, _session, spec, None, tmp_path / "ck", 2)
-    sd = checkpoint.export_state_dict(tmp_path / "ck")
+    sd = snapshot.export_state_dict(tmp_path / "ck")
     model = GPT(preset("tiny"))
     model.load_state_dict(sd, strict=True)  # every key, every shape
     # the export is the fp32 master; the engine's bf16 weights are its rounding
@@ -125,12 +122,12 @@ def test_export_loads_into_the_unsharded_model(tmp_path):
         assert p.dtype == torch.float32
         assert torch.equal(p.detach().to(torch.bfloat16).float(), out[0]["params"][name]), name
     with pytest.raises(ValueError, match="state='grads'"):
-        checkpoint.export_state_dict(tmp_path / "ck", "grads")
+        snapshot.export_state_dict(tmp_path / "ck", "grads")
 
 
 def test_export_matches_fp32_engine_bitwise(tmp_path):
     out = threaded(2, _session, _spec(2, 1), None, tmp_path / "ck", 2)
-    _assert_bitwise(checkpoint.export_state_dict(tmp_path / "ck"), out[0]["params"])
+    _assert_bitwise(snapshot.export_state_dict(tmp_path / "ck"), out[0]["params"])
 
 
 # -- damaged checkpoints ---------------------------------------------------------------------------
@@ -152,7 +149,7 @@ def _damaged(saved, tmp_path, damage):
 def _load_single(d, model="tiny"):
     spec = _spec(1, 1, model=model)
     engine, _ = _engine(spec)
-    return checkpoint.load(engine, d)
+    return snapshot.load(engine, d)
 
 
 def _truncate(path):
@@ -184,7 +181,7 @@ def test_damaged_checkpoint_is_refused(saved, tmp_path, damage, message):
     with pytest.raises(CheckpointError, match=message):
         _load_single(d)
     with pytest.raises(CheckpointError, match=message):
-        checkpoint.export_state_dict(d)
+        snapshot.export_state_dict(d)
 
 
 def _drop_entry(d):
@@ -203,7 +200,7 @@ def test_wrong_model_is_refused(saved):
 def _load_catching(rank, spec, d):
     engine, _ = _engine(spec)
     try:
-        checkpoint.load(engine, d)
+        snapshot.load(engine, d)
     except CheckpointError as exc:
         return str(exc)
     return None
@@ -223,33 +220,39 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     spec = _spec(1, 1)
     d = tmp_path / "ck"
     _session(0, spec, None, d, 1)
-    good = checkpoint.export_state_dict(d)
+    good = snapshot.export_state_dict(d)
     engine, ctx = _engine(spec)
     train_steps(engine, spec, ctx, 2)
 
     def crash(*_):
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint.json, "dumps", crash)
+    monkeypatch.setattr(snapshot.json, "dumps", crash)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.save(engine, 2, 2, d)
+        snapshot.save(engine, 2, 2, d)
     monkeypatch.undo()
     assert (tmp_path / "ck.partial").exists()
-    _assert_bitwise(checkpoint.export_state_dict(d), good)
+    _assert_bitwise(snapshot.export_state_dict(d), good)
     shutil.rmtree(d)
     with pytest.raises(CheckpointError, match=r"no such checkpoint directory .*ck\.partial is an unfinished save"):
         _load_single(d)
-    checkpoint.save(engine, 2, 2, d)  # a later save clears the leftover
+    snapshot.save(engine, 2, 2, d)  # a later save clears the leftover
     assert not (tmp_path / "ck.partial").exists()
-    assert checkpoint.read_manifest(d)["step"] == 2
+    assert snapshot.read_manifest(d)["step"] == 2
 
 
-def test_cli_save_and_resume(tmp_path):
-    """`zerobench run --save` then `--resume`: the resumed losses are those of the straight run."""
+def test_cli_save_and_resume(tmp_path, capsys):
+    """`zerobench run --save` then `--resume`: the resumed losses are those of the straight run.
+    Each step (warm-up and timed) logs one line on stderr, with the loss the record keeps."""
     base = ["run", "--model", "tiny", "--micro-batch", "2", "--warmup", "1"]
     assert cli.main([*base, "--steps", "4", "--out", str(tmp_path / "straight.json")]) == 0
+    lines = [line.split() for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [int(w[1]) for w in lines] == [0, 1, 2, 3, 4]
+    logged = [float(w[3]) for w in lines[1:]]
+    assert logged == pytest.approx(results.read_record(tmp_path / "straight.json")["losses"], abs=1e-4)
+    assert all(w[5] == "s/step" and w[7] == "tokens/s" and w[8:10] == ["peak", "RSS"] for w in lines)
     assert cli.main([*base, "--steps", "1", "--save", str(tmp_path / "ck"), "--out", str(tmp_path / "a.json")]) == 0
-    assert checkpoint.read_manifest(tmp_path / "ck")["step"] == 2  # warm-up + timed steps
+    assert snapshot.read_manifest(tmp_path / "ck")["step"] == 2  # warm-up + timed steps
     assert cli.main([*base, "--steps", "2", "--resume", str(tmp_path / "ck"), "--out", str(tmp_path / "b.json")]) == 0
     straight, resumed = (results.read_record(tmp_path / f) for f in ("straight.json", "b.json"))
     assert resumed["losses"] == straight["losses"][2:]
@@ -260,22 +263,12 @@ def test_cli_save_and_resume(tmp_path):
 
 
 # -- dp x mp and real gloo ------------------------------------------------------------------------
-def _mp_supported() -> bool:
-    try:
-        ParallelConfig(dp=1, mp=2).check_model(preset("tiny"))
-        import zerobench.parallel.tensor_parallel  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _mp_supported(), reason="tensor parallelism not available")
 def test_reshard_dp_with_mp(tmp_path):
     """dp 2 × mp 2 saved, loaded at dp 1 × mp 2: state bit-identical; mp must not change."""
     a, b = tmp_path / "a", tmp_path / "b"
     threaded(4, _session, _spec(2, 2, mp=2), None, a, 2)
     threaded(2, _session, _spec(1, 1, mp=2), a, None, 1, b)
-    m_a, m_b = checkpoint.read_manifest(a), checkpoint.read_manifest(b)
+    m_a, m_b = snapshot.read_manifest(a), snapshot.read_manifest(b)
     assert m_a["shapes"] == m_b["shapes"]
     for mp_rank in ("0", "1"):
         for state in STATES:
@@ -283,7 +276,7 @@ def test_reshard_dp_with_mp(tmp_path):
     with pytest.raises(CheckpointError, match="saved at mp=2, cannot load at mp=1"):
         _load_single(a)
     with pytest.raises(CheckpointError, match="export needs mp=1"):
-        checkpoint.export_state_dict(a)
+        snapshot.export_state_dict(a)
 
 
 def _mp_state(d, manifest, mp_rank, state):

@@ -1,4 +1,5 @@
-"""Sharded checkpoints of the full training state that load at any DP degree and ZeRO stage.
+"""Snapshots of the full training state (sharded checkpoints) that load at any DP degree and ZeRO
+stage. (Activation checkpoints are another thing: zerobench/zero/activations.py.)
 
 The format does not depend on the layout that wrote it. Each rank writes the fp32 master weights
 and both Adam moments of the elements it owns (paper §5.1, P_os), indexed by (parameter name,
@@ -9,7 +10,7 @@ owns, so resharding is an index computation, exact to the bit.
 
 Writes are atomic: everything goes to ``<dir>.partial`` and is renamed to ``<dir>`` only once the
 manifest is complete. A missing, truncated, corrupted or mismatched file is refused with a
-`CheckpointError` naming the file, on every rank together.
+`CheckpointError` naming the file, on every rank together (the checks: zerobench/snapshot_files.py).
 
 Engine interface used (ZeroEngine, and any engine with the same layout machinery): ``layout``
 (FlatLayout), ``owned`` (flat [lo, hi) of each optimizer piece), ``optimizer`` (ShardedAdam),
@@ -29,14 +30,7 @@ from pathlib import Path
 import torch
 
 from zerobench.comms import Comms
-
-FORMAT = "zerobench-checkpoint/1"
-MANIFEST = "manifest.json"
-_STATES = ("master", "exp_avg", "exp_avg_sq")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or loaded as asked; the message names the file."""
+from zerobench.snapshot_files import FORMAT, MANIFEST, STATES, CheckpointError, check_sizes, read_manifest, read_shard
 
 
 # -- where each piece's elements belong ------------------------------------------------------------
@@ -83,7 +77,7 @@ def save(engine, step: int, data_position: int, directory: str | os.PathLike, co
         key: torch.cat([getattr(opt, key)[i][o : o + b - a].detach().float().cpu() for _, a, b, i, o in ranges])
         if ranges
         else torch.zeros(0)
-        for key in _STATES
+        for key in STATES
     }
     rng = {"cpu": torch.get_rng_state()}
     if engine.device.type == "cuda":
@@ -137,69 +131,6 @@ def save(engine, step: int, data_position: int, directory: str | os.PathLike, co
     return final
 
 
-# -- validation -------------------------------------------------------------------------------------
-def read_manifest(directory: str | os.PathLike) -> dict:
-    """The manifest of a complete checkpoint, checked for coverage; raises CheckpointError."""
-    d = Path(directory)
-    path = d / MANIFEST
-    if not d.is_dir():
-        partial = d.with_name(d.name + ".partial")
-        hint = f" ({partial} is an unfinished save)" if partial.exists() else ""
-        raise CheckpointError(f"{d}: no such checkpoint directory{hint}")
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing; {d} is not a complete checkpoint") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
-    for mp_rank, shapes in manifest["shapes"].items():
-        covered = {name: [] for name in shapes}
-        for f in manifest["files"]:
-            if str(f["mp_rank"]) == mp_rank:
-                for name, a, b in f["index"]:
-                    covered.setdefault(name, []).append((a, b, f["file"]))
-        for name, spans in covered.items():
-            numel = math.prod(shapes.get(name, ()))
-            pos = 0
-            for a, b, file in sorted(spans):
-                if a != pos:
-                    what = "overlaps" if a < pos else f"leaves [{pos}, {a}) uncovered"
-                    raise CheckpointError(f"{d / file}: range [{a}, {b}) of {name} {what} (mp rank {mp_rank})")
-                pos = b
-            if pos != numel:
-                raise CheckpointError(f"{d}: {name} covered up to element {pos} of {numel} (mp rank {mp_rank})")
-    return manifest
-
-
-def _check_sizes(d: Path, manifest: dict) -> None:
-    for f in manifest["files"]:
-        path = d / f["file"]
-        if not path.exists():
-            raise CheckpointError(f"{path}: missing (listed in the manifest, {f['bytes']} bytes)")
-        size = path.stat().st_size
-        if size != f["bytes"]:
-            raise CheckpointError(f"{path}: {size} bytes, the manifest says {f['bytes']} (truncated or replaced)")
-
-
-def _read_shard(d: Path, f: dict) -> dict:
-    path = d / f["file"]
-    data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != f["sha256"]:
-        raise CheckpointError(f"{path}: SHA-256 {digest[:12]}… does not match the manifest's {f['sha256'][:12]}…")
-    shard = torch.load(io.BytesIO(data), weights_only=True)
-    index = [tuple(e) for e in shard["index"]]
-    if index != [tuple(e) for e in f["index"]]:
-        raise CheckpointError(f"{path}: its index does not match the manifest's entry for it")
-    n = sum(b - a for _, a, b in index)
-    for key in _STATES:
-        if shard[key].numel() != n:
-            raise CheckpointError(f"{path}: {key} holds {shard[key].numel()} elements, its index {n}")
-    return shard
-
-
 # -- load ---------------------------------------------------------------------------------------------
 def load(engine, directory: str | os.PathLike) -> dict:
     """Load a checkpoint of any dp and stage (same mp) into `engine`; every rank must call it.
@@ -221,7 +152,7 @@ def load(engine, directory: str | os.PathLike) -> dict:
             f"{d / MANIFEST}: parameter {n} has shape {shapes.get(n)} in the checkpoint, {mine.get(n)} in the model "
             f"({len(diff)} parameters differ)"
         )
-    _check_sizes(d, manifest)
+    check_sizes(d, manifest)
     same_world = saved["world_size"] == ctx.world.size and saved["dp"] == ctx.dp.size
     error = None
     try:
@@ -252,7 +183,7 @@ def _fill(engine, d: Path, manifest: dict, same_world: bool) -> dict | None:
     wanted: dict[str, list] = {}
     for name, a, b, i, o in ranges:
         wanted.setdefault(name, []).append((a, b, i, o))
-    for key in _STATES:
+    for key in STATES:
         for piece in getattr(opt, key):
             piece.zero_()  # padding stays zero; every real element is overwritten below
     filled, rng = 0, None
@@ -262,14 +193,14 @@ def _fill(engine, d: Path, manifest: dict, same_world: bool) -> dict | None:
         hits = [(s, e, pos) for (name, s, e), pos in zip(spans, _offsets(spans)) if _overlaps(wanted, name, s, e)]
         if not hits and not own_rng:
             continue
-        shard = _read_shard(d, f)
+        shard = read_shard(d, f)
         rng = shard["rng"] if own_rng else rng
         pos = 0
         for name, s, e in spans:
             for a, b, i, o in wanted.get(name, ()):
                 lo, hi = max(a, s), min(b, e)
                 if lo < hi:
-                    for key in _STATES:
+                    for key in STATES:
                         src = shard[key][pos + lo - s : pos + hi - s]
                         getattr(opt, key)[i][o + lo - a : o + hi - a].copy_(src)
                     filled += hi - lo
@@ -297,17 +228,17 @@ def export_state_dict(directory: str | os.PathLike, state: str = "master") -> di
     """The whole model as a plain fp32 state_dict of `zerobench.model.GPT` (from the master
     weights), for a checkpoint saved at mp = 1; every file is verified. `state` = "exp_avg" or
     "exp_avg_sq" gives Adam's moments in the same form."""
-    if state not in _STATES:
-        raise ValueError(f"state={state!r}: must be one of {_STATES}")
+    if state not in STATES:
+        raise ValueError(f"state={state!r}: must be one of {STATES}")
     d = Path(directory)
     manifest = read_manifest(d)
     if manifest["layout"]["mp"] != 1:
         raise CheckpointError(f"{d / MANIFEST}: saved at mp={manifest['layout']['mp']}; export needs mp=1")
-    _check_sizes(d, manifest)
+    check_sizes(d, manifest)
     shapes = manifest["shapes"]["0"]
     flat = {name: torch.empty(math.prod(shape)) for name, shape in shapes.items()}
     for f in manifest["files"]:
-        shard = _read_shard(d, f)
+        shard = read_shard(d, f)
         pos = 0
         for name, s, e in f["index"]:
             flat[name][s:e].copy_(shard[state][pos : pos + e - s])
