@@ -11,6 +11,8 @@ from pathlib import Path
 
 from zerobench.cli_args import configs, hardware_args, mib, model_args, parallel_args, train_args
 from zerobench.config import ConfigError
+from zerobench.fit_search import policy_args
+from zerobench.sweep import sweep_args
 
 
 def _trial_spec(args):
@@ -25,15 +27,24 @@ def _trial_spec(args):
 
 
 def cmd_run(args) -> int:
-    if args.time_limit:
-        configs(args)  # refuse a bad configuration here, without importing torch in this process
-        record = _run_with_time_limit(args, args.time_limit)
-    else:
-        from zerobench.run import run_trial
+    from zerobench.fit_search import searched
 
-        record = run_trial(_trial_spec(args))
+    record = searched(args, _run_once)
+    if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
+        from zerobench.results import write_record
+
+        write_record(record, args.out)
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
+
+
+def _run_once(args) -> dict:
+    if args.time_limit:
+        configs(args)  # refuse a bad configuration here, without importing torch in this process
+        return _run_with_time_limit(args, args.time_limit)
+    from zerobench.run import run_trial
+
+    return run_trial(_trial_spec(args))
 
 
 def _run_with_time_limit(args, limit: float) -> dict:
@@ -43,11 +54,13 @@ def _run_with_time_limit(args, limit: float) -> dict:
     import signal
     import subprocess
 
+    from zerobench.fit_search import pinned
     from zerobench.results import read_record, write_record
 
     if not args.out:
         raise ConfigError("time_limit: needs --out (the record is written there)")
-    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *args.argv, "--time-limit", "0"])
+    argv = [*args.argv, *pinned(args), "--time-limit", "0"]  # this attempt's sizes, no search of its own
+    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *argv])
     try:
         child.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -121,11 +134,10 @@ def cmd_trace(args) -> int:
 
 
 def cmd_model(args) -> int:
-    model, parallel, precision, train = configs(args)
-    from zerobench.perfmodel import model_record
     from zerobench.results import write_record
+    from zerobench.sweep import modelled
 
-    record = model_record(model, parallel, precision, train, args.hardware, args.gpus_per_node)
+    record = modelled(args)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -197,6 +209,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--data", default="synthetic", help="synthetic, or a text file / shipped corpus (byte tokens)")
     run.add_argument("--mem-cap-mb", type=float, help="per-rank budget (MiB); exceeding it is status oom")
     run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
+    policy_args(run)
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
     for add in (model_args, parallel_args, train_args):
@@ -214,8 +227,11 @@ def parser() -> argparse.ArgumentParser:
         hardware_args(s)
         if name == "model":
             s.add_argument("--out", help="write the record here (JSON)")
+            s.add_argument("--zero-os", action="store_true", help="P_os as ZeRO-OS (Feb 2020: no gradient copy)")
+            policy_args(s)
         s.set_defaults(fn=fn)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    sweep_args(sub.add_parser("sweep", help="a sheet's modelled groups in one process, one record per trial"))
     peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
     for add in (model_args, parallel_args, train_args):
         add(peers)
