@@ -102,7 +102,7 @@ def _write_infeasible(args, exc: ConfigError) -> None:
 def cmd_table(args) -> int:
     from zerobench.tables import build
 
-    build(args.kind, args.records).to_csv(args.out, index=False)
+    build(args.kind, args.records, args.sheet).to_csv(args.out, index=False)
     return 0
 
 
@@ -240,9 +240,10 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
     peers.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
     peers.set_defaults(fn=cmd_peers)
-    table = sub.add_parser("table", help="records (or a modelled artifact) -> one artifact's CSV")
-    table.add_argument("kind", help="memory, comm, loss, capacity, table1, or a modelled artifact (fig2, ...)")
-    table.add_argument("records", nargs="*", help="record JSON files")
+    table = sub.add_parser("table", help="records -> one artifact's CSV")
+    table.add_argument("kind", help="memory, comm, loss, capacity, table1, or a paper artifact (fig2, ..., today)")
+    table.add_argument("records", nargs="*", help="record JSON files, or directories of them (a modelled group's)")
+    table.add_argument("--sheet", help="the artifact's sheet (name or path): joins records to their trials")
     table.add_argument("--out", required=True, help="CSV to write")
     table.set_defaults(fn=cmd_table)
     plot = sub.add_parser("plot", help="an artifact's CSV -> PNG, with the paper's points overlaid")

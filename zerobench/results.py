@@ -9,6 +9,7 @@ aggregate and report steps stay light.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -46,7 +47,7 @@ def new_record(source: str, **fields) -> dict:
     if unknown - {"extra"}:
         raise ValueError(f"unknown record fields: {sorted(unknown - {'extra'})}")
     record = dict.fromkeys(RECORD_FIELDS)
-    record.update(source=source, status="ok", versions=versions(), git_rev=git_revision())
+    record.update(source=source, status="ok", versions=dict(versions()), git_rev=git_revision())
     record.update(fields)
     if extras:
         record.update(extras)
@@ -84,6 +85,7 @@ def read_record(path: str | os.PathLike) -> dict:
         return json.load(f)
 
 
+@functools.cache  # fixed for the process; a sweep writes thousands of records
 def versions() -> dict:
     out = {"python": platform.python_version()}
     for pkg in ("torch", "deepspeed"):
@@ -96,6 +98,7 @@ def versions() -> dict:
     return out
 
 
+@functools.cache
 def git_revision() -> str | None:
     try:
         root = Path(__file__).resolve().parent.parent

@@ -4,16 +4,18 @@ Every table has the columns the report reads: `key`, `source` (measured / traced
 `status`, `ours`, `paper` (the paper's number where it has one for this point), `expected` (the
 paper's formula evaluated at our scale, where there is one), `error_pct` (against `paper` where
 present, else against `expected`) and `reference` (what the error is measured against). Paper
-numbers are references only. The performance model's artifacts (table2, fig2, ...) come from
-zerobench.perfmodel.artifacts and already carry ours / paper / error_pct. No torch import.
+numbers are references only. The paper's performance artifacts (table2, fig2, ...) are built by
+zerobench.paper_tables from their records and sheets. No torch import.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
+from zerobench import sheets
 from zerobench.memory import total_model_state_bytes
 from zerobench.results import load_paper_reference, read_record
 
@@ -175,17 +177,36 @@ def table1() -> pd.DataFrame:
 MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity}
 
 
-def build(kind: str, paths: list[str]) -> pd.DataFrame:
-    """The table of `kind` from the record files at `paths` (or, for a modelled artifact, from the
-    performance model; for table1, from zerobench.table1)."""
-    if kind in MEASURED:
-        if not paths:
-            raise ValueError(f"table {kind}: needs record files")
-        return MEASURED[kind]([read_record(p) for p in paths])
+def record_paths(paths: list[str]) -> list[Path]:
+    """Record files; a directory (a modelled group's) stands for the records in it, by name."""
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    return out
+
+
+def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame:
+    """The table of `kind` from the record files (or modelled groups' directories) at `paths`.
+    The paper's performance artifacts (zerobench.paper_tables) join each record to its trial in
+    `sheet` by file name (<trial id>.json) and keep the sheet's order; table1 comes from
+    zerobench.table1."""
+    from zerobench.paper_tables import BUILDERS
+
     if kind == "table1":
         return table1()
-    from zerobench.perfmodel.artifacts import ARTIFACTS
-
-    if kind not in ARTIFACTS:
-        raise ValueError(f"table {kind!r}: choose one of {sorted([*MEASURED, 'table1', *ARTIFACTS])}")
-    return ARTIFACTS[kind]()
+    if kind not in MEASURED and kind not in BUILDERS:
+        raise ValueError(f"table {kind!r}: choose one of {sorted([*MEASURED, 'table1', *BUILDERS])}")
+    files = record_paths(paths)
+    if not files:
+        raise ValueError(f"table {kind}: needs record files")
+    if kind in MEASURED:
+        return MEASURED[kind]([read_record(p) for p in files])
+    if sheet is None:
+        raise ValueError(f"table {kind}: needs --sheet (its trials say what each record was asked for)")
+    trials = sheets.trials_by_id(sheets.load_sheet(sheet))
+    unknown = [p.name for p in files if p.stem not in trials]
+    if unknown:
+        raise ValueError(f"table {kind}: records of no trial in {sheet}: {unknown[:3]}")
+    order = list(trials)
+    files.sort(key=lambda p: order.index(p.stem))
+    return BUILDERS[kind]([(trials[p.stem], read_record(p)) for p in files])
