@@ -174,7 +174,26 @@ def table1() -> pd.DataFrame:
     )
 
 
-MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity}
+def sweep(records: list[dict]) -> pd.DataFrame:
+    """A sweep of your own (README "Sweep your own"): one row per trial, what ran and how fast,
+    memory per GPU in GB; `oom` and `infeasible` trials are rows with their reason. No paper."""
+    rows = []
+    for r in records:
+        gb = {k: (r.get(f"{k}_bytes") or 0) / 1e9 for k in ("param", "grad", "optimizer", "activation")}
+        rows.append(dict(
+            key=f"{r.get('model')} g{r.get('world_size')} mp{r.get('mp')} z{r.get('stage')} {r.get('hardware') or ''}",
+            source=r["source"], status=r["status"], error=r.get("error"), model=r.get("model"),
+            num_params=r.get("num_params"), hardware=r.get("hardware"), gpus=r.get("world_size"), dp=r.get("dp"),
+            mp=r.get("mp"), stage=r.get("stage"), listed_micro_batch=r.get("listed_micro_batch", r.get("micro_batch")),
+            micro_batch=r.get("micro_batch"), max_micro_batch=r.get("max_micro_batch"), ours=r.get("tflops_per_gpu"),
+            paper=None, error_pct=None, reference="none (your sweep)", step_time_s=r.get("step_time_s"),
+            samples_per_s=r.get("samples_per_s"), model_states_gb=gb["param"] + gb["grad"] + gb["optimizer"],
+            activations_gb=gb["activation"], peak_gb=(r.get("peak_allocated_bytes") or 0) / 1e9,
+        ))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+FROM_RECORDS = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "sweep": sweep}
 
 
 def record_paths(paths: list[str]) -> list[Path]:
@@ -194,19 +213,21 @@ def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame
 
     if kind == "table1":
         return table1()
-    if kind not in MEASURED and kind not in BUILDERS:
-        raise ValueError(f"table {kind!r}: choose one of {sorted([*MEASURED, 'table1', *BUILDERS])}")
+    if kind not in FROM_RECORDS and kind not in BUILDERS:
+        raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, 'table1', *BUILDERS])}")
     files = record_paths(paths)
     if not files:
         raise ValueError(f"table {kind}: needs record files")
-    if kind in MEASURED:
-        return MEASURED[kind]([read_record(p) for p in files])
     if sheet is None:
+        if kind in FROM_RECORDS:
+            return FROM_RECORDS[kind]([read_record(p) for p in files])
         raise ValueError(f"table {kind}: needs --sheet (its trials say what each record was asked for)")
     trials = sheets.trials_by_id(sheets.load_sheet(sheet))
     unknown = [p.name for p in files if p.stem not in trials]
     if unknown:
         raise ValueError(f"table {kind}: records of no trial in {sheet}: {unknown[:3]}")
-    order = list(trials)
-    files.sort(key=lambda p: order.index(p.stem))
+    rank = {tid: i for i, tid in enumerate(trials)}
+    files.sort(key=lambda p: rank[p.stem])  # the sheet's order
+    if kind in FROM_RECORDS:
+        return FROM_RECORDS[kind]([read_record(p) for p in files])
     return BUILDERS[kind]([(trials[p.stem], read_record(p)) for p in files])
