@@ -25,7 +25,8 @@ STAGES = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 PAPER_GB = 32e9  # Table 2's theoretical columns: 32 GB of model states (paper.md §3)
 # the modelled record's time breakdown -> the table's column
 TIMES = {"tflops_per_gpu": "tflops", "step_time_s": "step_s", "compute_s": "compute_s", "mp_comm_s": "mp_comm_s",
-         "dp_comm_s": "dp_comm_s", "optimizer_s": "optimizer_s", "gemm_efficiency": "gemm_eff", "mfu": "mfu"}  # fmt: skip
+         "dp_comm_s": "dp_comm_s", "optimizer_s": "optimizer_s", "gemm_efficiency": "gemm_eff",
+         "mfu": "mfu"}  # fmt: skip
 
 
 def _size(r: dict) -> float:
@@ -155,7 +156,7 @@ def fig8(pairs: Pairs) -> pd.DataFrame:
         run = _run(r)
         rows.append(row("fig8", f"{label} {size:g}B", run.get("tflops"), p, series=series,
                         paper_batch=t["micro_batch"], **run))  # fmt: skip
-    for t, r in searched:
+    for _, r in searched:
         label, metric = ("ZeRO-DP", "max_model_without_MP") if r["stage"] else ("DDP", "max_model_without_ZeRO")
         size, layers = _largest(r)
         rows.append(row("fig8", f"max model {label}", size, paper("fig8", metric), series="max model (B)",

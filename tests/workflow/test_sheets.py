@@ -50,7 +50,8 @@ def test_unknown_field_fails_before_anything_runs_naming_it(tmp_path):
 
 def test_engine_flags_take_dp_from_gpus_and_drop_model_only_fields():
     trial = dict(source="measured", model="gpt-8b", gpus=400, mp=4, hardware="v100-32gb-dgx2", zero_os=True,
-                 zero_config="C5", micro_batch=64, micro_batch_policy="largest_fits", attention="fused", label="x")  # fmt: skip
+                 zero_config="C5", micro_batch=64, micro_batch_policy="largest_fits", attention="fused",
+                 label="x")  # fmt: skip
     flags = " ".join(sheets.trial_flags(trial))
     assert "--dp 100 --mp 4" in flags and "--gpus" not in flags and "--zero-config C5" in flags
     assert "--micro-batch-policy largest_fits" in flags
@@ -64,7 +65,7 @@ def test_engine_flags_take_dp_from_gpus_and_drop_model_only_fields():
 def test_largest_that_fits_bisects_to_the_exact_boundary():
     for limit in (0, 1, 5, 7, 16, 40):
         for upper in (1, 7, 16):
-            record, attempts = largest_that_fits(lambda b: dict(status="ok" if b <= limit else "oom", b=b), upper)
+            record, attempts = largest_that_fits(lambda b, n=limit: dict(status="ok" if b <= n else "oom", b=b), upper)
             assert record["b"] == (min(limit, upper) or 1) and record["status"] == ("ok" if limit else "oom")
             assert attempts[0] == [upper, record["status"] if limit >= upper else "oom"]
     # a status other than ok / oom ends the search with that record

@@ -1,14 +1,12 @@
-"""Shared pieces of the artifact tables: the paper's precision, paper look-ups, error rows, MAPE."""
+"""Shared pieces of the artifact tables: paper look-ups, error rows, MAPE."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.perfmodel import paper_setups as ps
 from zerobench.perfmodel.calibration import FIT_SET
 from zerobench.results import load_paper_reference
 
-PREC = ps.PAPER_PRECISION
 _REF = None
 
 
