@@ -161,3 +161,15 @@ def test_committed_paper_records_join_their_sheets():
         assert df.key.tolist() == committed.key.tolist()
         assert df.ours.fillna(-1).tolist() == pytest.approx(committed.ours.fillna(-1).tolist(), rel=1e-12)
         assert json.loads(Path(next(iter(Path(dirs[0]).glob("*.json")))).read_text())["source"] == "modelled"
+
+
+def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
+    """Under --time-limit each attempt is a child process: its flags pin the attempt's size."""
+    from zerobench.fit_search import pinned
+
+    argv = ["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--layers", "8"]
+    args = cli.parser().parse_args(argv)
+    args.micro_batch = 5  # the attempt
+    child = cli.parser().parse_args([*argv, *pinned(args)])
+    assert (child.micro_batch, child.micro_batch_policy) == (5, "listed")
+    assert (child.layers, child.layers_policy) == (8, "listed")
