@@ -203,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
     for add in (model_args, parallel_args, train_args):
         add(run)
     run.add_argument("--out", help="write the record here (JSON)")
+    run.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective (or a step) may wait")
     run.add_argument("--save", metavar="DIR", help="write a sharded checkpoint here after the timed steps")
     run.add_argument("--resume", metavar="DIR", help="load this checkpoint (any dp, stage) and continue from it")
@@ -215,6 +216,7 @@ def parser() -> argparse.ArgumentParser:
     for add in (model_args, parallel_args, train_args):
         add(trace)
     trace.add_argument("--out", help="write the record here (JSON)")
+    trace.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
     trace.set_defaults(fn=cmd_trace)
     for name, fn, text in (
         ("model", cmd_model, "one modelled record from the performance model"),

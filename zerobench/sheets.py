@@ -143,11 +143,8 @@ NOT_TRACED = ("micro_batch_policy", "layers_policy")
 
 def trial_flags(trial: dict) -> list[str]:
     """The trial's command-line flags for its source's command (world size from the sheet, never
-    from resources): `gpus` is `--gpus` for the model and dp = gpus / mp for the engine."""
+    from resources; `--gpus` sets dp = gpus / mp, and a layout where that fails is infeasible)."""
     source = trial["source"]
-    trial = dict(trial)
-    if source != "modelled" and trial.get("gpus") and trial["gpus"] % trial.get("mp", 1) == 0:
-        trial["dp"] = trial.pop("gpus") // trial.get("mp", 1)
     skip = (MODEL_ONLY if source != "modelled" else ()) + (NOT_TRACED if source == "traced" else ())
     flags = []
     for name, (_, flag) in FIELDS.items():

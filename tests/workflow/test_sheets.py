@@ -48,12 +48,12 @@ def test_unknown_field_fails_before_anything_runs_naming_it(tmp_path):
     assert not out.exists()
 
 
-def test_engine_flags_take_dp_from_gpus_and_drop_model_only_fields():
+def test_engine_flags_drop_model_only_fields():
     trial = dict(source="measured", model="gpt-8b", gpus=400, mp=4, hardware="v100-32gb-dgx2", zero_os=True,
                  zero_config="C5", micro_batch=64, micro_batch_policy="largest_fits", attention="fused",
                  label="x")  # fmt: skip
     flags = " ".join(sheets.trial_flags(trial))
-    assert "--dp 100 --mp 4" in flags and "--gpus" not in flags and "--zero-config C5" in flags
+    assert "--gpus 400 --mp 4" in flags and "--zero-config C5" in flags
     assert "--micro-batch-policy largest_fits" in flags
     assert not any(f in flags for f in ("--hardware", "--zero-os", "--attention", "x"))
     modelled = " ".join(sheets.trial_flags({**trial, "source": "modelled"}))
@@ -123,7 +123,7 @@ def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
 
 def test_paper_sheet_switched_to_measured_plans_engine_trials_on_slurm(tmp_path):
     """Fig 2's sheet with `source: measured` and the SLURM profile: engine trials of the paper's
-    world sizes (400 GPUs as dp x mp), no code change."""
+    world sizes (400 GPUs as dp x mp), each holding its world size in GPUs, no code change."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("Snakefile", "workflows"):
@@ -141,8 +141,8 @@ def test_paper_sheet_switched_to_measured_plans_engine_trials_on_slurm(tmp_path)
     assert "rule run_trial:" in text and "model_group" not in text
     jobs = [block for block in text.split("rule run_trial:")[1:]]
     assert len(jobs) == 27  # 9 sizes x (C4, C5) for ZeRO, 9 baselines
-    assert "--model gpt-170b --dp 25 --mp 16" in text and "--zero-config C5" in text and "--device cuda" in text
-    assert "--model gpt-170b --heads 256 --dp 1 --mp 256" in text
+    assert "--model gpt-170b --gpus 400 --mp 16" in text and "--zero-config C5" in text and "--device cuda" in text
+    assert "--model gpt-170b --heads 256 --gpus 256 --mp 256" in text
     assert "--micro-batch-policy largest_fits" in text and "--hardware" not in text
     gpus = sorted({int(line.split("gpu=")[1].split(",")[0]) for line in text.replace(" ", "").splitlines()
                    if "gpu=" in line})  # fmt: skip
@@ -173,3 +173,14 @@ def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
     child = cli.parser().parse_args([*argv, *pinned(args)])
     assert (child.micro_batch, child.micro_batch_policy) == (5, "listed")
     assert (child.layers, child.layers_policy) == (8, "listed")
+
+
+def test_measured_layout_that_cannot_exist_is_an_infeasible_row(tmp_path):
+    """dp x mp != gpus on the engine: a record saying so, before any rank starts."""
+    from zerobench.results import read_record
+
+    trial = dict(source="measured", model="tiny", gpus=3, mp=2, steps=1)
+    out = tmp_path / "r.json"
+    assert cli.main(["run", *sheets.trial_flags(trial), "--out", str(out)]) == 0
+    record = read_record(out)
+    assert record["status"] == "infeasible" and "gpus=3" in record["error"]
