@@ -184,3 +184,23 @@ def test_measured_layout_that_cannot_exist_is_an_infeasible_row(tmp_path):
     assert cli.main(["run", *sheets.trial_flags(trial), "--out", str(out)]) == 0
     record = read_record(out)
     assert record["status"] == "infeasible" and "gpus=3" in record["error"]
+
+
+def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
+    """Sweeps that scale: a modelled group is one job however many trials it has (README "Sweep
+    your own" has the measured cost per trial)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("Snakefile", "workflows"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, repo / name)
+    grid = dict(model=["gpt-1.5b", "gpt-8b", "gpt-20b", "gpt-40b", "gpt-60b", "gpt-80b", "gpt-100b", "gpt-120b",
+                       "gpt-140b", "gpt-170b"], gpus=[64, 128, 256, 512, 1024], stage=[0, 1, 2, 3],
+                micro_batch=[1, 2, 4, 8, 16])  # fmt: skip
+    _sheet(repo / "workflows/config/sheets", [dict(source="modelled", base=dict(mp=8), grid=grid)])
+    assert len(sheets.sheet_trials(sheets.load_sheet(repo / "workflows/config/sheets/mine.yaml"))[0]) == 1000
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run([str(BIN / "snakemake"), "-n", "--config", "sheets=[mine]", "--", "results/mine.csv"],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    stats = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    assert [line.split() for line in stats.splitlines()[3:]] == [["model_group", "1"], ["table", "1"], ["total", "2"]]
