@@ -19,7 +19,7 @@ include: "workflows/artifacts.smk"
 # Tables, figures and the report are cheap: they stay on the submit host under --executor slurm.
 localrules:
     all,
-    model_trial,
+    model_group,
     table,
     plot,
     report,

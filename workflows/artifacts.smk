@@ -2,7 +2,7 @@
 
 
 rule table:
-    """An artifact's table: its trials' records, or the performance model's artifact function."""
+    """An artifact's table from its trials' records, joined to the sheet's trials."""
     input:
         runs=sheet_runs,
     output:
@@ -15,8 +15,9 @@ rule table:
         "envs/zerobench.yaml"
     params:
         kind=sheet_table,
+        sheet=sheet_path,
     shell:
-        "python -m zerobench.cli table {params.kind} {input.runs} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli table {params.kind} {input.runs} --sheet {params.sheet} --out {output} > {log} 2>&1"
 
 
 rule plot:

@@ -36,7 +36,7 @@ def test_default_target_dry_run_plans_every_artifact(tmp_path):
     out = snakemake("-n", "--directory", str(tmp_path), "--workflow-profile", "workflows/profiles/local")
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
-    for rule in ("run_trial", "trace_trial", "model_trial", "table", "plot", "report"):
+    for rule in ("run_trial", "trace_trial", "model_group", "table", "plot", "report"):
         assert f"rule {rule}:" in text or f"\n{rule} " in text, rule
     for artifact in ("fig1", "fig2", "fig9_loss", "capacity", "table1", "comm_volume", "today"):
         assert f"figures/{artifact}.png" in text
@@ -86,7 +86,7 @@ def test_smoke_run_writes_parseable_results(tmp_path):
         timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
-    runs = sorted((tmp_path / "results/runs").glob("*.json"))
+    runs = sorted((tmp_path / "results/runs").rglob("*.json"))  # modelled groups: one directory each
     assert {json.loads(p.read_text())["source"] for p in runs} == {"measured", "modelled"}
     records = [json.loads(p.read_text()) for p in runs]
     capacity = [r for r in records if r.get("mem_cap_bytes")]
