@@ -172,7 +172,13 @@ def table1() -> pd.DataFrame:
     )
 
 
-MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity}
+def superlinear(records: list[dict]) -> pd.DataFrame:
+    from zerobench.superlinear import table  # its own module, which takes STAGE_LABELS from here
+
+    return table(records)
+
+
+MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear}
 
 
 def build(kind: str, paths: list[str]) -> pd.DataFrame:
