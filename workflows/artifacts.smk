@@ -65,7 +65,7 @@ rule report:
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
         figures=expand("figures/{artifact}.png", artifact=SHEETS),
     output:
-        report("results/REPORT.md", category="REPORT.md", caption="report/workflow.rst"),
+        report("results/REPORT.md", category="summary", caption="report/workflow.rst"),
     log:
         "results/logs/report.log",
     conda:
