@@ -59,7 +59,7 @@ def bars(ax, df: pd.DataFrame, group: str, member: str, members: list | None = N
     if value == "ours" and "paper" in df and df.paper.notna().any():
         ax.scatter([], [], label="paper", **PAPER)
     ax.set_xticks(range(len(groups)), [str(g) for g in groups], fontsize=8)
-    _source_legend(ax, df)
+    _source_legend(ax, df, **legend)
 
 
 def _source_legend(ax, df: pd.DataFrame, **kw) -> None:
