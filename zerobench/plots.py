@@ -2,7 +2,9 @@
 
 Ours are filled markers labelled with their source (measured / traced / modelled), the paper's
 numbers hollow black markers labelled "paper", and the paper's formula a line where there is one.
-matplotlib's Agg backend; no torch import.
+This module draws the measured CPU experiments and dispatches the rest: the paper-scale artifacts
+in their paper's form (plot_paper.py) and the scaling plots (plot_scaling.py). matplotlib's Agg
+backend; no torch import.
 """
 
 from __future__ import annotations
