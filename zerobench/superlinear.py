@@ -25,21 +25,21 @@ def table(records: list[dict]) -> pd.DataFrame:
             stage=r["stage"],
             dp=r["dp"],
             micro_batch=r["micro_batch"],
-            tokens_per_s=r.get("tokens_per_s"),
+            tokens_per_s=r.get("tokens_per_s") if r["status"] == "ok" else None,
             step_time_s=r.get("step_time_s"),
             rss_growth_bytes=r.get("rss_growth_bytes"),
             mem_cap_bytes=r.get("mem_cap_bytes"),
             model_state_bytes=sum(r.get(f) or 0 for f in ("param_bytes", "grad_bytes", "optimizer_bytes")) or None,
             num_params=r.get("num_params"),
-        )  # fmt: skip
+        )
         for r in records
     ]
     trials = pd.DataFrame(rows).sort_values(["stage", "dp", "micro_batch"], ignore_index=True)
+    trials["ours"] = trials.tokens_per_s  # aggregate tokens/s of every trial that fitted
     fits = trials[trials.status == "ok"]
     best = fits.loc[fits.groupby(["stage", "dp"]).micro_batch.idxmax()].copy()
     best["kind"] = "best"
     best["key"] = [f"{STAGE_LABELS[s]} N_d={d}: largest micro-batch that fits" for s, d in zip(best.stage, best.dp)]
-    best["ours"] = best.tokens_per_s
     one_rank = best[best.dp == 1].set_index("stage").tokens_per_s
     best["expected"] = [one_rank.get(s, float("nan")) * d for s, d in zip(best.stage, best.dp)]
     best["per_rank_tokens_per_s"] = best.tokens_per_s / best.dp
