@@ -63,6 +63,9 @@ def superlinear(df: pd.DataFrame, fig) -> None:
     ax.set_title(f"budget {cap.iloc[0] / 2**20:.0f} MiB per rank" if len(cap) else "", fontsize=8, loc="left")
     ax2.set(xlabel="ranks (DP degree N_d)", ylabel="largest micro-batch that fits the budget", yscale="log")
     ax2.set_yscale("log", base=2)
+    batches = sorted(df.micro_batch.unique())
+    ax2.set_yticks(batches, [str(int(b)) for b in batches])
     for a in (ax, ax2):
         _log2_axis(a, sorted(best.dp.unique()))
+        a.margins(x=0.12)
         a.legend(fontsize=7)

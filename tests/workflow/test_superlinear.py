@@ -45,7 +45,14 @@ def test_report_says_what_was_seen_either_way(tokens, words):
     text, _ = report.section("superlinear", sheet, df)
     seen = text.split("**Seen.**")[1]
     assert words in seen and "micro-batch 4 against 2" in seen
-    assert ("did not outweigh" in seen) == (tokens < 180)
+    assert f"{tokens / 180:.2f}x stage 0's tokens/s ({'faster' if tokens > 180 else 'slower'})" in seen
+    assert f"{abs(100 * (tokens / 200 - 1)):.0f}% {'above' if tokens > 200 else 'below'} linear" in seen
+    assert "Caution" not in seen  # the one-rank points, 100 and 90 tokens/s, agree within NOISE
+
+
+def test_one_rank_points_far_apart_are_called_noise():
+    records = [r if (r["stage"], r["dp"], r["micro_batch"]) != (3, 1, 2) else rec(3, 1, 2, 40.0) for r in sweep(230)]
+    assert "differ 2.5x: this run's timings are noisy" in superlinear.seen(superlinear.table(records))
 
 
 def test_a_stage_with_nothing_that_fits_is_said(tmp_path):
