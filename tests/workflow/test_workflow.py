@@ -41,7 +41,7 @@ def test_default_target_dry_run_plans_every_artifact(tmp_path):
     text = out.stdout + out.stderr
     for rule in ("run_trial", "trace_trial", "model_trial", "table", "plot", "report"):
         assert f"rule {rule}:" in text or f"\n{rule} " in text, rule
-    for artifact in ("fig1", "fig2", "fig9_loss", "capacity", "table1", "comm_volume", "today"):
+    for artifact in ("fig1", "fig2", "fig9_loss", "capacity", "table1", "comm_volume", "today", "superlinear"):
         assert f"figures/{artifact}.png" in text
 
 
