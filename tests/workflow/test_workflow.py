@@ -75,6 +75,15 @@ def test_mistyped_sheet_key_fails_before_any_trial(tmp_path):
     assert not (repo / "results").exists()
 
 
+def test_mistyped_smoke_benchmark_key_fails_naming_it(tmp_path):
+    repo = _copy_workflow(tmp_path / "repo")
+    spec = repo / "workflows/config/smoke_benchmark.yaml"
+    spec.write_text(spec.read_text().replace("micro_batch: 2", "micro_bach: 2"))
+    out = snakemake("-n", "smoke", cwd=repo)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "micro_bach" in text and "smoke_benchmark.yaml" in text, text[-2000:]
+
+
 def test_mistyped_config_key_fails(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("sheets: [fig8]\ntime_limt_s: 5\n")
