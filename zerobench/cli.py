@@ -225,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records (or a modelled artifact) -> one artifact's CSV")
-    table.add_argument("kind", help="memory, comm, loss, capacity, table1, or a modelled artifact (fig2, ...)")
+    table.add_argument("kind", help="memory, comm, loss, capacity, superlinear, table1, or a modelled one (fig2, ...)")
     table.add_argument("records", nargs="*", help="record JSON files")
     table.add_argument("--out", required=True, help="CSV to write")
     table.set_defaults(fn=cmd_table)
