@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 JOBS ?= 2
 
-.PHONY: setup test reproduce lint
+.PHONY: setup test reproduce lint smoke smoke-baseline
 
 setup: $(VENV)/.installed
 
@@ -22,3 +22,18 @@ reproduce: setup
 lint: setup
 	$(BIN)/ruff check zerobench tests
 	$(BIN)/ruff format --check zerobench tests
+
+# The CI smoke benchmark (< 3 min on 2 cores): small trials in a fresh $(SMOKE_DIR), their
+# machine-independent numbers gated against workflows/config/smoke_baseline.json.
+SMOKE_DIR ?= $(CURDIR)/.smoke
+SMOKE_RUN = rm -rf $(SMOKE_DIR) && PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/snakemake smoke --cores $(JOBS) \
+	--directory $(SMOKE_DIR) --workflow-profile workflows/profiles/local
+
+smoke: setup
+	$(SMOKE_RUN)
+
+# After an intended change: measure, rewrite the baseline, and commit it with the change.
+smoke-baseline: setup
+	$(SMOKE_RUN) || true
+	$(BIN)/python -m zerobench.smoke $(SMOKE_DIR)/results/runs/*.json --update \
+		--baseline workflows/config/smoke_baseline.json --out $(SMOKE_DIR)/results/smoke.json

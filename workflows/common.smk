@@ -82,6 +82,11 @@ def sheet_title(wildcards):
     return SHEETS[wildcards.artifact]["title"]
 
 
+def sheet_field(field):
+    """The artifact's sheet's `field` (claim, paper) as a params function: report captions."""
+    return lambda wildcards: SHEETS[wildcards.artifact][field]
+
+
 def sheet_files(wildcards):
     return [str(SHEET_DIR / f"{name}.yaml") for name in SHEETS]
 

@@ -193,7 +193,16 @@ def sweep(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-FROM_RECORDS = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "sweep": sweep}
+def superlinear(records: list[dict]) -> pd.DataFrame:
+    from zerobench.superlinear import table  # its own module, which takes STAGE_LABELS from here
+
+    return table(records)
+
+
+
+FROM_RECORDS = {
+    "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
+}  # fmt: skip
 
 
 def record_paths(paths: list[str]) -> list[Path]:
