@@ -120,6 +120,15 @@ def trial_gpus(wildcards):
     return world_size(wildcards) if config["device"] == "cuda" else 0
 
 
+def trial_mpi(wildcards):
+    """SLURM plugin's `mpi` resource: `<launcher> -n <world>` (config `launcher`, e.g. srun)
+    starts one task per rank of a multi-rank trial; "" runs the command once, and zerobench
+    starts the ranks itself.
+    """
+    world, launch = world_size(wildcards), config["launcher"]
+    return f"{launch} -n {world}" if launch and world > 1 else ""
+
+
 def sheet_runs(wildcards):
     return [f"results/runs/{trial}.json" for trial in SHEET_TRIALS[wildcards.artifact]]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench import checkpoint, faults, flops, memory, results
+from zerobench import checkpoint, faults, flops, memory, results, slurm_env
 from zerobench.comms import Comms
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.data import micro_batches, token_source
@@ -264,6 +264,7 @@ def run_trial(spec: TrialSpec) -> dict:
     """Run one trial and return its record, which is also written to `spec.out` (if set)."""
     out = spec.out or str(Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-{uuid.uuid4().hex}.json")
     spec = TrialSpec(**{**spec.__dict__, "out": out})
+    slurm_env.join(spec.parallel.world_size)  # a task of `srun -n W`: RANK, WORLD_SIZE... from SLURM's
     if under_launcher():
         worker(spec_to_dict(spec))
         return results.read_record(out) if int(os.environ["RANK"]) == 0 else {}
