@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from zerobench.slurm_env import PORT_BASE, PORT_SPAN, first_host, torch_env
+from zerobench.slurm_env import PORT_BASE, PORT_SPAN, torch_env
 
 STEP = {
     "SLURM_JOB_ID": "41234",
@@ -68,8 +66,3 @@ def test_nothing_to_join_outside_a_multi_task_step(env):
 def test_a_step_of_another_size_than_the_trial_is_refused():
     with pytest.raises(ValueError, match="4 tasks but the trial's world size .* is 2: start it with srun -n 2"):
         torch_env(STEP, 2, hosts([]))
-
-
-@pytest.mark.skipif(shutil.which("scontrol") is None, reason="needs SLURM's scontrol")
-def test_first_host_expands_a_range_as_slurm_does():
-    assert first_host("node[03-05],login1") == "node03"

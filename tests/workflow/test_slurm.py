@@ -111,30 +111,51 @@ def slurm_cluster():
         _cluster("down")
 
 
+# fig1's claim at CI scale: one rank (a single task; the command runs once in the job) and two ranks
+# (one SLURM step of two tasks); modelled rows stay on the submit host.
+SHEET = {
+    "title": "SLURM check: model-state memory per rank",
+    "paper": "Fig 1 (paper §5)",
+    "claim": "Model-state bytes per rank equal the formula, measured through SLURM.",
+    "table": "memory",
+    "tolerance_pct": 1,
+    "trials": [
+        {"source": "measured", "base": {"model": "tiny", "precision": "bf16", "steps": 1, "warmup": 1},
+         "grid": {"stage": [0, 3], "dp": [1, 2]}},
+        {"source": "modelled", "base": {"model": "gpt-8b", "precision": "fp16", "dp": 64, "stage": 3,
+         "hardware": "v100-32gb-dgx2"}},
+    ],
+}  # fmt: skip
+
+
 def test_slurm_cpu_profile_runs_a_sheet_on_a_real_cluster(slurm_cluster, tmp_path):
-    """fig1's smoke trials go through sbatch; each dp-2 trial is one SLURM step of two tasks, each
-    a rank that joined from SLURM's environment; the table and report are built from the records."""
-    config = tmp_path / "config.yaml"
-    config.write_text("sheets: [fig1]\nsmoke: true\ndevice: cpu\ntime_limit_s: 300\n")
+    """A sheet's measured trials go through sbatch; each dp-2 trial is one SLURM step of two tasks,
+    each a rank that joined from SLURM's environment; the table and report are built from the records."""
+    repo = _copy_workflow(tmp_path / "repo")
+    (repo / "workflows/config/sheets/slurm_check.yaml").write_text(yaml.safe_dump(SHEET, sort_keys=False))
+    (repo / "config.yaml").write_text("sheets: [slurm_check]\ndevice: cpu\ntime_limit_s: 300\n")
     out = snakemake(
-        "--workflow-profile", "workflows/profiles/slurm-cpu", "--directory", str(tmp_path),
-        "--configfile", str(config), "--replace-workflow-config", "--slurm-init-seconds-before-status-checks", "2",
-        timeout=900,
+        "--workflow-profile", "workflows/profiles/slurm-cpu", "--configfile", "config.yaml",
+        "--replace-workflow-config", "--slurm-init-seconds-before-status-checks", "2", cwd=repo, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    measured = sorted((tmp_path / "results/runs").glob("measured_*.json"))
-    assert len(measured) == 4  # stages 0-3 at dp 2
-    for run in measured:
-        record = json.loads(run.read_text())
-        assert record["status"] == "ok" and record["world_size"] == 2, record.get("error")
-        log = (tmp_path / "results/logs" / run.name).with_suffix(".log").read_text()
-        joined = re.findall(r"rank (\d) of 2 from SLURM \(job (\d+),", log)
-        assert sorted(rank for rank, _ in joined) == ["0", "1"], log[-2000:]
-        job = joined[0][1]
+    records = {p.stem: json.loads(p.read_text()) for p in (repo / "results/runs").glob("measured_*.json")}
+    assert sorted(r["world_size"] for r in records.values()) == [1, 1, 2, 2]
+    for name, record in records.items():
+        assert record["status"] == "ok", record.get("error")
+        log = (repo / "results/logs" / f"{name}.log").read_text()
+        joined = re.findall(r"rank (\d) of 2 from SLURM \(job (\d+), rendezvous ([^:]+):", log)
+        if record["world_size"] == 1:
+            assert not joined, log[-2000:]
+            continue
+        assert sorted(rank for rank, _, _ in joined) == ["0", "1"], log[-2000:]
+        _, job, host = joined[0]
+        assert host == socket.gethostname().split(".")[0]  # the step's first node, from scontrol
         steps = subprocess.run(
             ["sacct", "-j", job, "-n", "-P", "-o", "JobID,NTasks,State"], capture_output=True, text=True, check=True
         ).stdout.split()
         assert f"{job}.0|2|COMPLETED" in steps, steps  # SLURM's own record: one step, two tasks
-    table = pd.read_csv(tmp_path / "results/fig1.csv")
+    table = pd.read_csv(repo / "results/slurm_check.csv")
     assert set(table[table.source == "measured"].status) == {"ok"} and (table.source == "modelled").any()
-    assert "**Verdict.**" in (tmp_path / "results/REPORT.md").read_text()
+    assert table[table.source == "measured"].error_pct.abs().max() < 1.0
+    assert "**Verdict.**" in (repo / "results/REPORT.md").read_text()
