@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 JOBS ?= 2
 
-.PHONY: setup test reproduce lint smoke smoke-baseline
+.PHONY: setup test test-slurm reproduce lint smoke smoke-baseline
 
 setup: $(VENV)/.installed
 
@@ -14,6 +14,12 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 
 test: setup
 	$(BIN)/pytest -q -n $(JOBS) --durations=10
+
+# The SLURM tests on a real one-node cluster: scripts/slurm_cluster.sh installs slurm-wlm, munge and
+# mariadb when missing (apt, root) and starts their daemons for the tests, then stops them. `make test`
+# runs them only in CI (CI=true); elsewhere they skip.
+test-slurm: setup
+	ZEROBENCH_SLURM_TEST=1 $(BIN)/pytest -q tests/workflow/test_slurm.py tests/unit/test_slurm_env.py
 
 # The workflow's default target: every paper artifact -> results/, figures/, results/REPORT.md.
 reproduce: setup

@@ -66,6 +66,15 @@ def group_trials(wildcards):
     return GROUPS[f"{wildcards.artifact}.g{wildcards.group}"]
 
 
+def trial_mpi(wildcards):
+    """SLURM plugin's `mpi` resource: `<launcher> -n <world>` (config `launcher`, e.g. srun)
+    starts one task per rank of a multi-rank trial; "" runs the command once, and zerobench
+    starts the ranks itself.
+    """
+    world, launch = world_size(wildcards), config["launcher"]
+    return f"{launch} -n {world}" if launch and world > 1 else ""
+
+
 def sheet_runs(wildcards):
     return SHEET_INPUTS[wildcards.artifact]
 

@@ -18,6 +18,8 @@ rule run_trial:
         "envs/zerobench.yaml"
     resources:
         gpu=trial_gpus,
+        tasks=world_size,
+        mpi=trial_mpi,
         runtime=lambda wc, attempt: 30 * attempt,
         mem_mb=16000,
         trial_slots=1,
@@ -26,7 +28,7 @@ rule run_trial:
         device=config["device"],
         time_limit=config["time_limit_s"],
     shell:
-        "python -m zerobench.cli run {params.flags} --device {params.device}"
+        "{resources.mpi} python -m zerobench.cli run {params.flags} --device {params.device}"
         " --time-limit {params.time_limit} --out {output} > {log} 2>&1"
 
 

@@ -244,7 +244,9 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records -> one artifact's CSV")
-    table.add_argument("kind", help="memory, comm, loss, capacity, superlinear, table1, or a paper artifact (fig2, ..., today)")
+    table.add_argument(
+        "kind", help="memory, comm, loss, capacity, superlinear, table1, sweep or a paper artifact (fig2, ...)"
+    )
     table.add_argument("records", nargs="*", help="record JSON files, or directories of them (a modelled group's)")
     table.add_argument("--sheet", help="the artifact's sheet (name or path): joins records to their trials")
     table.add_argument("--out", required=True, help="CSV to write")

@@ -199,7 +199,6 @@ def superlinear(records: list[dict]) -> pd.DataFrame:
     return table(records)
 
 
-
 FROM_RECORDS = {
     "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
 }  # fmt: skip
