@@ -56,9 +56,14 @@ def trial_flags(wildcards):
     return " ".join(zs.trial_flags(_trial(wildcards)))
 
 
+def trial_world(wildcards):
+    """A trial's world size, dp x mp: the ranks (SLURM tasks) it starts."""
+    return zs.world_size(_trial(wildcards))
+
+
 def trial_gpus(wildcards):
     """GPUs a measured trial holds: its world size on a GPU cluster, none on CPU."""
-    return zs.world_size(_trial(wildcards)) if config["device"] == "cuda" else 0
+    return trial_world(wildcards) if config["device"] == "cuda" else 0
 
 
 def group_trials(wildcards):
@@ -71,7 +76,7 @@ def trial_mpi(wildcards):
     starts one task per rank of a multi-rank trial; "" runs the command once, and zerobench
     starts the ranks itself.
     """
-    world, launch = world_size(wildcards), config["launcher"]
+    world, launch = trial_world(wildcards), config["launcher"]
     return f"{launch} -n {world}" if launch and world > 1 else ""
 
 

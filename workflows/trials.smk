@@ -18,7 +18,7 @@ rule run_trial:
         "envs/zerobench.yaml"
     resources:
         gpu=trial_gpus,
-        tasks=world_size,
+        tasks=trial_world,
         mpi=trial_mpi,
         runtime=lambda wc, attempt: 30 * attempt,
         mem_mb=16000,
