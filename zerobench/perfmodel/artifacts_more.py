@@ -61,8 +61,9 @@ GLOBAL_BATCH_CAP = 2048  # sequences: LM practice of 512–2K (paper §10.3), so
 
 def today(cal: Calibration = DEFAULT) -> pd.DataFrame:
     """What the paper's experiments predict on A100/H100/H200 nodes (and the V100 DGX-2 beside
-    them): ZeRO keeps MP inside a node (MP = min(paper MP, GPUs per node)); each run at the largest
-    micro-batch that fits, capped at a global batch of 2K sequences."""
+    them), with today's fused (flash-style) attention. ZeRO keeps MP inside a node (MP = min(paper
+    MP, GPUs per node)); each run at the largest micro-batch that fits, capped at a global batch
+    of 2K sequences."""
     rows = []
     for hw_name in ("v100-32gb-dgx2", "a100-80gb", "h100-80gb", "h200-141gb"):
         hw = get_profile(hw_name)
@@ -71,11 +72,11 @@ def today(cal: Calibration = DEFAULT) -> pd.DataFrame:
             if kind == "zero":
                 mp = min(mp, hw.gpus_per_node)
                 cap = max(1, GLOBAL_BATCH_CAP // (gpus // mp))
-                r = zero_best(model, gpus, mp, cap, cal, hw_name)
+                r = zero_best(model, gpus, mp, cap, cal, hw_name, attention="fused")
             else:
                 model = ps.with_heads(name, max(model.heads, mp))
                 par = ps.baseline_parallel(gpus, mp)
-                r = dict(config="baseline", **capped(model, par, 4, hw_name, cal))
+                r = dict(config="baseline", **capped(model, par, 4, hw_name, cal, attention="fused"))
             rows.append(row("today", f"{label} | {hw_name}", r.get("tflops"), None, experiment=label,
                             hardware=hw_name, gpu=hw.gpu, gpus=gpus, mp=mp, peak_tflops=hw.peak_flops / 1e12,
                             **r))  # fmt: skip

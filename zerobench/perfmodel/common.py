@@ -33,8 +33,8 @@ def row(artifact, key, ours, paper_value, source="modelled", **cols) -> dict:
                 fit=(artifact, key) in FIT_SET, **cols)  # fmt: skip
 
 
-def throughput(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> dict:
-    pred = predict(model, parallel, PREC, TrainConfig(micro_batch=max(batch, 1)), hw, gpn, cal)
+def throughput(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None, attention="materialized") -> dict:
+    pred = predict(model, parallel, PREC, TrainConfig(micro_batch=max(batch, 1)), hw, gpn, cal, attention)
     out = dict(micro_batch=batch, max_micro_batch=pred.max_micro_batch, status="ok" if pred.fits else "oom")
     if pred.fits and batch >= 1:
         out.update(tflops=pred.tflops_per_gpu, step_s=pred.step_time_s, compute_s=pred.compute_s,
@@ -43,26 +43,27 @@ def throughput(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=Non
     return out
 
 
-def max_batch(model, parallel, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> int:
+def max_batch(model, parallel, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None, attention="materialized") -> int:
     """The largest micro-batch that fits (0: not even one sequence)."""
-    return predict(model, parallel, PREC, TrainConfig(micro_batch=1), hw, gpn, cal).max_micro_batch
+    return predict(model, parallel, PREC, TrainConfig(micro_batch=1), hw, gpn, cal, attention).max_micro_batch
 
 
-def capped(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> dict:
+def capped(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None, attention="materialized") -> dict:
     """`throughput` at the listed `batch`, capped at the largest that fits; where not even one
     sequence fits, the run at batch 1 (status oom)."""
-    return throughput(model, parallel, max(1, min(batch, max_batch(model, parallel, hw, cal, gpn))), hw, cal, gpn)
+    b = max(1, min(batch, max_batch(model, parallel, hw, cal, gpn, attention)))
+    return throughput(model, parallel, b, hw, cal, gpn, attention)
 
 
-def zero_best(model, gpus, mp, batch, cal, hw="v100-32gb-dgx2", gpn=None) -> dict:
+def zero_best(model, gpus, mp, batch, cal, hw="v100-32gb-dgx2", gpn=None, attention="materialized") -> dict:
     """ZeRO-100B (C4) at `batch`, capped at the largest that fits, or C5 (P_a+cpu) where that is
     faster (it fits a larger batch): the paper switches P_a+cpu on only when beneficial (§10.4)."""
     best = None
     for config in ("C4", "C5"):
         par = ps.zero_parallel(gpus, mp, config)
-        b = min(batch, max_batch(model, par, hw, cal, gpn))
+        b = min(batch, max_batch(model, par, hw, cal, gpn, attention))
         if b >= 1:
-            run = dict(config=config, **throughput(model, par, b, hw, cal, gpn))
+            run = dict(config=config, **throughput(model, par, b, hw, cal, gpn, attention))
             if best is None or run["tflops"] > best["tflops"]:
                 best = run
     return best or dict(config="C5", micro_batch=batch, max_micro_batch=0, status="oom")

@@ -66,6 +66,30 @@ class Ring:
         return 2 * self.reduce_scatter(nbytes)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A group on a measured profile: each op's time is the fitted α + ring volume / bandwidth of
+    `zerobench calibrate` (its fits per op at this group size, or the nearest size measured)."""
+
+    size: int
+    fits: dict  # op -> (α s, bytes/s of per-rank ring volume)
+
+    def _time(self, op: str, factor: float, nbytes: float) -> float:
+        if self.size == 1:
+            return 0.0
+        alpha, bw = self.fits[op]
+        return alpha + factor * nbytes / bw
+
+    def reduce_scatter(self, nbytes: float) -> float:
+        return self._time("reduce_scatter", (self.size - 1) / self.size, nbytes)
+
+    def all_gather(self, nbytes: float) -> float:
+        return self._time("all_gather", (self.size - 1) / self.size, nbytes)
+
+    def all_reduce(self, nbytes: float) -> float:
+        return self._time("all_reduce", 2 * (self.size - 1) / self.size, nbytes)
+
+
 def placement(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     """(members per node, nodes spanned) of a group of `size` ranks `stride` apart."""
     if size == 1:
@@ -74,7 +98,11 @@ def placement(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     return per_node, math.ceil(size / per_node)
 
 
-def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring:
+def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring | Measured:
+    if hw.collectives:
+        sizes = {row[1] for row in hw.collectives}
+        nearest = min(sizes, key=lambda n: (abs(n - size), n))
+        return Measured(size, {op: (alpha, bw) for op, n, alpha, bw in hw.collectives if n == nearest})
     per_node, nodes = placement(size, stride, hw.gpus_per_node)
     return Ring(per_node, nodes, hw.intra_bw * cal.nvlink_efficiency, hw.ib_share_per_gpu * cal.ib_efficiency,
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
