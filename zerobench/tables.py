@@ -172,7 +172,13 @@ def table1() -> pd.DataFrame:
     )
 
 
-MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity}
+def model_vs_measured(records: list[dict]) -> pd.DataFrame:
+    from zerobench.perfmodel.vs_measured import model_vs_measured as build_table
+
+    return build_table(records)
+
+
+MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "model_vs_measured": model_vs_measured}
 
 
 def build(kind: str, paths: list[str]) -> pd.DataFrame:

@@ -152,3 +152,36 @@ def test_gemm_benchmark_on_a_tiny_grid(monkeypatch):
     rows = calibrate.gemm_table("cpu", calibrate.torch.float32, lines.append)
     assert [r[:3] for r in rows] == [[m, n, k] for m in (8, 16) for n in (8, 16) for k in (8, 16)]
     assert all(r[3] > 0 for r in rows) and len(lines) == 1 and "gemm" in lines[0]
+
+
+def test_model_vs_measured_rows_from_a_record():
+    from zerobench.perfmodel.vs_measured import _configs, model_vs_measured
+
+    record = dict(
+        status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=2, mp=1, stage=1,
+        bucket_bytes=2**20, checkpoint_activations=False, partition_activations=False, offload_activations=False,
+        contiguous_buffers=False, precision="fp32", device="cpu", micro_batch=4, grad_accum=1, steps=2,
+        num_params=1000, step_time_s=0.5, step_time_min_s=0.4, step_time_max_s=0.6, rss_growth_bytes=64 * 2**20,
+        comm={"reduce_scatter/dp": {"seconds": 0.2}, "all_gather/dp": {"seconds": 0.1}},
+    )  # fmt: skip
+    df = model_vs_measured([record, dict(record, status="oom", error="over budget")], CPU)
+    step, mem, oom = df.iloc[0], df.iloc[1], df.iloc[2]
+    pred = predict(*_configs(record), CPU, attention="fused")
+    assert step.ours == pytest.approx(pred.step_time_s) and step.expected == 0.5
+    assert step.error_pct == pytest.approx(100 * (pred.step_time_s - 0.5) / 0.5)
+    assert step.measured_comm_s == pytest.approx(0.15)  # 0.3 s of collectives over 2 steps
+    assert mem.expected == 64 and mem.ours == pytest.approx(pred.memory.total_bytes / 2**20)
+    assert oom.status == "oom" and oom.ours != oom.ours  # NaN: nothing predicted for a failed trial
+
+
+def test_external_runs_file_is_cited_split_and_predictable():
+    from zerobench.perfmodel.external import DATA, summary, validate
+
+    df = validate()
+    assert len(df) >= 20 and df.citation.str.len().min() > 20
+    assert set(df.split) == {"fit", "validation"} and df.source.nunique() >= 2
+    assert {"a100-80gb", "h100-80gb"} <= set(df.hardware)
+    assert df.predicted.notna().all() and (df.predicted > 0).all()
+    table = summary(df)
+    assert table.points.iloc[-1] == (df.split == "validation").sum()
+    assert DATA.name == "external_runs.csv"
