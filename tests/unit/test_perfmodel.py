@@ -232,3 +232,16 @@ def test_ddp_all_reduce_hides_behind_backward_megatron_does_not():
     off = predict(big, megatron, PAPER_PRECISION, TrainConfig(micro_batch=1), "v100-32gb-dgx2",
                   cal=DEFAULT.replace(ddp_overlap=False))  # fmt: skip
     assert on.dp_comm_s == pytest.approx(off.dp_comm_s)
+
+
+def test_stage3_regathers_every_micro_batch_one_collective_per_module():
+    ring = network.Ring(per_node=4, nodes=1, intra_bw=100e9, inter_bw=5e9, intra_latency=5e-6, inter_latency=1e-5)
+    # three collectives of the same total bytes pay three times the three ring steps' latency
+    assert ring.all_gather(1e9, calls=3) - ring.all_gather(1e9) == pytest.approx(2 * 3 * 5e-6)
+    # a model of 4 layers owns 6 x 4 + 2 parameter modules (zero/stage3.py)
+    assert network.stage3_modules(4) == 26
+    one, _ = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, DEFAULT, micro_batches=1, modules=26)
+    four, _ = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=26)
+    assert four == pytest.approx(4 * one)  # 3mΨ: nothing is kept between micro-batches
+    two, _ = network.dp_comm_times(1e9, 2, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=26)
+    assert two < one  # stage 2 reduces once per step, whatever the accumulation

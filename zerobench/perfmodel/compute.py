@@ -30,8 +30,7 @@ from zerobench.config import ModelConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel.calibration import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
-from zerobench.perfmodel.kernels import measured_compute_time
-from zerobench.perfmodel.memory_fit import layer_activation_bytes
+from zerobench.perfmodel.kernels import layer_elementwise, measured_compute_time
 
 
 def gemm_efficiency(tokens: float, width: float, cal: Calibration) -> float:
@@ -72,8 +71,8 @@ def compute_time(
         share = (s / (6 * h)) / (1 + s / (6 * h) + v / (16 * layers * h))  # attention scores' FLOP share
         gemm += flops * share / eff * (1 / hw.unaligned_flops - 1 / hw.peak_flops)
     passes = 4 if recompute else 3  # forward, [recomputed forward,] backward (2x forward)
-    act = layer_activation_bytes(model, micro_batch, mp, act_bytes, attention)
-    elementwise = cal.elementwise_traffic * passes * model.layers * act * grad_accum / hw.hbm_bw
+    moved = sum(io for _, io, _ in layer_elementwise(model, micro_batch, mp, attention)) * act_bytes
+    elementwise = cal.elementwise_traffic * passes * model.layers * moved * grad_accum / hw.hbm_bw
     return gemm + elementwise, eff
 
 

@@ -81,6 +81,7 @@ def predict(
     hw = get_profile(hardware, gpus_per_node)
     validate(model, parallel, hw)
     check_attention(attention)
+    cal = cal.for_hardware(hw.name)
     b, ga, mp = train.micro_batch, train.grad_accum, parallel.mp
     recompute = parallel.checkpoint_activations
     _, g_bytes, _ = precision.bytes_pgk
@@ -93,7 +94,8 @@ def predict(
         parallel.partition_activations, parallel.offload_activations, hw, cal,
     )  # fmt: skip
     psi = model.num_params / mp
-    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal)
+    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga,
+                                                network.stage3_modules(model.layers))  # fmt: skip
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP

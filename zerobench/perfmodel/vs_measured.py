@@ -54,9 +54,11 @@ def _configs(r: dict):
 
 
 def _label(r: dict) -> str:
-    shape = r["model"] if r["model"] != "tiny" else f"L{r['layers']} h{r['hidden']} a{r['heads']} s{r['seq']}"
-    ckpt = " ckpt" if r["checkpoint_activations"] else ""
-    return f"{shape} {r['precision']} dp{r['dp']} mp{r['mp']} stage {r['stage']} b{r['micro_batch']}{ckpt}"
+    """The trial in a few words (a failed trial's record may lack the model's shape)."""
+    shape = r.get("model") if r.get("model") != "tiny" else f"L{r['layers']} h{r['hidden']} a{r['heads']} s{r['seq']}"
+    ckpt = " ckpt" if r.get("checkpoint_activations") else ""
+    layout = f"dp{r.get('dp')} mp{r.get('mp')} stage {r.get('stage')} b{r.get('micro_batch')}"
+    return f"{shape} {r.get('precision')} {layout}{ckpt}"
 
 
 def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) -> pd.DataFrame:
