@@ -201,6 +201,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
         nics_per_node=1, host_bw=host, intra_latency=alpha, inter_latency=alpha, measured=True,
         gemm_table=tuple(map(tuple, gemm)), elementwise_table=tuple(map(tuple, elementwise)),
         adam_s_per_param=adam, collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
+        reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
     samples = {"elementwise_per_kernel": per_kernel, "collectives": coll_samples, "torch": torch.__version__,
                "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -11,7 +11,7 @@ import pytest
 
 from zerobench import calibrate
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.perfmodel import get_profile, predict, profile_file
+from zerobench.perfmodel import DEFAULT, get_profile, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import elementwise_bw, gemm_rate, layer_gemms
 
@@ -23,7 +23,7 @@ CPU = HardwareProfile(
     measured=True, gemm_table=((64, 64, 64, RATE), (1024, 1024, 1024, RATE)),
     elementwise_table=((1e3, BW), (1e8, BW)), adam_s_per_param=5e-9,
     collectives=(("all_reduce", 2, 1e-4, 1e9), ("reduce_scatter", 2, 2e-4, 5e8), ("all_gather", 2, 3e-4, 2.5e8)),
-    ranks_share_compute=True,
+    ranks_share_compute=True, reserve_bytes=0.0,
 )  # fmt: skip
 
 
@@ -186,3 +186,24 @@ def test_external_runs_file_is_cited_split_and_predictable():
     assert table.points.iloc[-1] == (df.split == "validation").sum()
     assert table.mape_pct.iloc[-1] <= 15.0  # the target on the validation rows (8.0% when written)
     assert DATA.name == "external_runs.csv"
+
+
+def test_largest_model_under_a_budget_counts_more_than_model_states():
+    from zerobench.perfmodel.memory_fit import breakdown
+    from zerobench.perfmodel.vs_measured import _configs, largest_under_budget
+
+    cap = 64 * 2**20
+    record = dict(
+        model="tiny", layers=2, hidden=256, heads=8, seq=128, vocab=256, dp=4, mp=1, stage=2, bucket_bytes=2**21,
+        checkpoint_activations=False, partition_activations=False, offload_activations=False,
+        contiguous_buffers=False, precision="bf16", device="cpu", micro_batch=1, grad_accum=1, mem_cap_bytes=cap,
+    )  # fmt: skip
+    params = largest_under_budget(record, CPU)
+    model, parallel, precision, train = _configs(record)
+    per_layer = dataclasses.replace(model, layers=2).num_params - dataclasses.replace(model, layers=1).num_params
+    layers = round((params - model.num_params) / per_layer) + 2
+    budget = dataclasses.replace(CPU, memory_bytes=float(cap))
+    at = breakdown(dataclasses.replace(model, layers=layers), parallel, precision, 1, budget, DEFAULT, "fused")
+    above = breakdown(dataclasses.replace(model, layers=layers + 1), parallel, precision, 1, budget, DEFAULT, "fused")
+    assert at.fits and not above.fits  # the boundary, found by bisection, checked one layer either side
+    assert params < cap / (2 + 2 / 4 + 12 / 4)  # below the bare formula: activations and buffers count

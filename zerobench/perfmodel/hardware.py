@@ -43,6 +43,9 @@ class HardwareProfile:
     adam_s_per_param: float = 0.0  # seconds of the optimizer step per fp32 parameter updated
     collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
     ranks_share_compute: bool = False  # CPU: the ranks of one host split its cores (and its GEMM rate)
+    # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
+    # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
+    reserve_bytes: float | None = None
 
     @property
     def node_ib_bw(self) -> float:

@@ -125,7 +125,9 @@ def breakdown(
     else:  # C_B: reduce + all-gather bucket; fp32 copy of this rank's gradient shard for Adam
         buffers = 2.0 * parallel.bucket_bytes + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
     flat_copy = parallel.stage == 0 or (parallel.stage == 1 and not cal.zero_os_stage1)  # the reduction's copy
-    lost = 0.0 if parallel.contiguous_buffers else cal.fragmentation * hw.memory_bytes
+    reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
+    measured_reserve = hw.reserve_bytes is not None  # a calibrated CPU: no allocator to fragment
+    lost = 0.0 if parallel.contiguous_buffers or measured_reserve else cal.fragmentation * hw.memory_bytes
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
         grad_bytes=states["grad_bytes"],
@@ -134,7 +136,7 @@ def breakdown(
         working_bytes=working,
         buffer_bytes=buffers,
         reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
-        usable_bytes=hw.memory_bytes - cal.reserve_bytes - lost,
+        usable_bytes=hw.memory_bytes - reserve - lost,
     )
 
 

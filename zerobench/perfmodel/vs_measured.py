@@ -14,13 +14,16 @@ whole comparison. The engine runs torch's fused scaled_dot_product_attention: `f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pandas as pd
 
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.perfmodel.calibration import DEFAULT
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
+from zerobench.perfmodel.memory_fit import max_layers
 from zerobench.perfmodel.predict import predict
 from zerobench.perfmodel.profile_file import profile_dir
 
@@ -51,6 +54,15 @@ def _configs(r: dict):
         PrecisionConfig(r["precision"], r["device"]),
         TrainConfig(micro_batch=r["micro_batch"], grad_accum=r["grad_accum"]),
     )
+
+
+def largest_under_budget(r: dict, hw: HardwareProfile | None = None) -> float:
+    """Parameters of the deepest model of `r`'s width that the calibrated model fits in the
+    trial's per-rank budget (`mem_cap_bytes`), activations and buffers counted (capacity)."""
+    hw = dataclasses.replace(hw or calibrated_profile(), memory_bytes=float(r["mem_cap_bytes"]))
+    model, parallel, precision, train = _configs(r)
+    layers = max_layers(model, parallel, precision, train.micro_batch, hw, DEFAULT, attention="fused")
+    return dataclasses.replace(model, layers=layers).num_params if layers else 0.0
 
 
 def _label(r: dict) -> str:
