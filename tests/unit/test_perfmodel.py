@@ -245,3 +245,13 @@ def test_stage3_regathers_every_micro_batch_one_collective_per_module():
     assert four == pytest.approx(4 * one)  # 3mΨ: nothing is kept between micro-batches
     two, _ = network.dp_comm_times(1e9, 2, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=26)
     assert two < one  # stage 2 reduces once per step, whatever the accumulation
+
+
+def test_buckets_never_larger_than_the_gradients_they_hold():
+    tiny = ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256)  # ~0.1M parameters
+    par = ParallelConfig(dp=2, mp=1, stage=2, bucket_bytes=25 * 2**20)
+    m = breakdown(tiny, par, PrecisionConfig("fp32", "cpu"), 1, V100, DEFAULT)
+    # two buckets of the whole model's fp32 gradients (less than 25 MiB), plus the fp32 shard
+    assert m.buffer_bytes == pytest.approx(2 * 4 * tiny.num_params + 4 * tiny.num_params / 2)
+    big = breakdown(PRESETS["gpt-60b-scaling"], dataclasses.replace(par, mp=16), FP16, 1, V100, DEFAULT)
+    assert big.buffer_bytes == pytest.approx(2 * 25 * 2**20 + 4 * PRESETS["gpt-60b-scaling"].num_params / 16 / 2)

@@ -8,7 +8,8 @@ Per GPU, in bytes (paper §3, §5, §6):
   tensor parallel without sequence parallel: s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes in fp16) times
   `working_set_factor` (activations plus their gradients), the all-gathered checkpoint under
   P_a, and the vocabulary-parallel logits (16-bit logits, fp32 softmax and its gradient);
-- buffers: constant-size fused buckets (C_B; a reduce and an all-gather bucket of `bucket_bytes`)
+- buffers: constant-size fused buckets (C_B; a reduce and an all-gather bucket of `bucket_bytes`,
+  never larger than the gradients they hold)
   and the fp32 copy of the rank's gradient shard that DeepSpeed's stage 1–2 optimizer updates
   from (4Ψ/(N_m·N_d), the "+4 B/N" of simulators.md §3.2; DeepSpeed's own estimator counts it
   as resident, 2Ψ + 18Ψ/N; counted resident here, see docs/perfmodel.md) for ZeRO, or the fp32 flattened
@@ -122,8 +123,10 @@ def breakdown(
         buffers = 4.0 * model.num_params / mp  # fp32 flattened gradients of the whole replica shard
     elif parallel.stage == 0:
         buffers = 0.0
-    else:  # C_B: reduce + all-gather bucket; fp32 copy of this rank's gradient shard for Adam
-        buffers = 2.0 * parallel.bucket_bytes + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
+    else:  # C_B: reduce + all-gather bucket (never larger than the gradients they hold, in the
+        # gradients' bytes); fp32 copy of this rank's gradient shard for Adam
+        bucket = min(parallel.bucket_bytes, states["grad_bytes"] * (parallel.dp if parallel.stage >= 2 else 1))
+        buffers = 2.0 * bucket + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
     flat_copy = parallel.stage == 0 or (parallel.stage == 1 and not cal.zero_os_stage1)  # the reduction's copy
     reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
     measured_reserve = hw.reserve_bytes is not None  # a calibrated CPU: no allocator to fragment
