@@ -156,10 +156,13 @@ def capacity(records: list[dict]) -> pd.DataFrame:
 
 def _calibrated_largest(record: dict) -> float | None:
     """The calibrated performance model's largest model under the trial's budget (activations
-    and buffers counted; perfmodel/vs_measured.py), beside the bare formula's."""
-    from zerobench.perfmodel.vs_measured import largest_under_budget
+    and buffers counted; perfmodel/vs_measured.py), beside the bare formula's; None until this
+    machine has a calibrated profile (`zerobench calibrate`, or the model_vs_measured table)."""
+    from zerobench.perfmodel.vs_measured import largest_under_budget, profile_path
 
-    return largest_under_budget(record) if record.get("mem_cap_bytes") and "hidden" in record else None
+    if not (record.get("mem_cap_bytes") and "hidden" in record and profile_path().exists()):
+        return None
+    return largest_under_budget(record)
 
 
 def table1() -> pd.DataFrame:

@@ -30,9 +30,13 @@ from zerobench.perfmodel.profile_file import profile_dir
 MiB = 2**20
 
 
+def profile_path(device: str = "cpu") -> Path:
+    return Path(os.environ.get("ZEROBENCH_PROFILE", profile_dir() / f"calibrated-{device}.json"))
+
+
 def calibrated_profile(device: str = "cpu") -> HardwareProfile:
     """The calibrated profile of this machine, measured now if there is none yet."""
-    path = Path(os.environ.get("ZEROBENCH_PROFILE", profile_dir() / f"calibrated-{device}.json"))
+    path = profile_path(device)
     if not path.exists():
         from zerobench.calibrate import main as calibrate
 
