@@ -6,29 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 
-from zerobench.config import PRESETS, ParallelConfig, PrecisionConfig
+from zerobench.config import PRESETS, ZERO_CONFIGS, ParallelConfig, PrecisionConfig
 
 PAPER_PRECISION = PrecisionConfig(mode="fp16", device="cuda")  # paper §6: fp16/fp32 mixed precision
 # C_B: DeepSpeed's hyperscale configs use a 5e8-element reduce and a 2e8-element all-gather bucket
 # (fp16): 1.4 GB together. The model holds two buckets of `bucket_bytes`, so each is their mean.
 PAPER_BUCKET = (500_000_000 + 200_000_000) * 2 // 2
 
-# ZeRO-R configurations (paper Table III); every run checkpoints activations (paper §6).
-CONFIGS: dict[str, dict] = {
-    "C1": dict(stage=1, partition_activations=False, offload_activations=False),
-    "C2": dict(stage=1, partition_activations=True, offload_activations=False),
-    "C3": dict(stage=2, partition_activations=False, offload_activations=False),
-    "C4": dict(stage=2, partition_activations=True, offload_activations=False),
-    "C5": dict(stage=2, partition_activations=True, offload_activations=True),
-}
+# ZeRO-R configurations (paper Table III; config.py holds them); every run checkpoints activations (§6).
+CONFIGS = ZERO_CONFIGS
 
 
 def zero_parallel(gpus: int, mp: int, config: str = "C4") -> ParallelConfig:
     """ZeRO-100B: P_os+g + ZeRO-R (C_B, M_D, P_a; P_a+cpu in C5)."""
     return ParallelConfig(
-        dp=gpus // mp, mp=mp, checkpoint_activations=True, contiguous_buffers=True, bucket_bytes=PAPER_BUCKET,
-        **CONFIGS[config],
-    )  # fmt: skip
+        dp=gpus // mp, mp=mp, checkpoint_activations=True, bucket_bytes=PAPER_BUCKET, **CONFIGS[config]
+    )
 
 
 def baseline_parallel(gpus: int, mp: int) -> ParallelConfig:
