@@ -93,9 +93,11 @@ def measured_compute_time(
     the host's compute (CPU ranks on one host)."""
     gemm = 0.0
     for _, m, n, k, count in layer_gemms(model, micro_batch, mp):
-        fwd = 2 * m * n * k * count
-        bwd = 2 * m * n * k * count * (1 / gemm_rate(hw, m, k, n) + 1 / gemm_rate(hw, k, n, m))
-        gemm += fwd / gemm_rate(hw, m, n, k) * (2 if recompute else 1) + bwd
+        # The per-head products run as one batched kernel (bmm, or inside the fused attention
+        # kernel): rated as one GEMM with the heads' rows stacked, not `count` small calls.
+        flops, rows = 2 * m * n * k * count, m * count
+        bwd = flops * (1 / gemm_rate(hw, rows, k, n) + 1 / gemm_rate(hw, k if count == 1 else rows, n, m))
+        gemm += flops / gemm_rate(hw, rows, n, k) * (2 if recompute else 1) + bwd
     t, v = micro_batch * model.seq, -(-model.vocab // mp)
     logits = 2 * t * model.hidden * v * (1 / gemm_rate(hw, t, v, model.hidden) + 1 / gemm_rate(hw, t, model.hidden, v)
                                          + 1 / gemm_rate(hw, model.hidden, v, t))  # fmt: skip
