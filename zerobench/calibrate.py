@@ -28,7 +28,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from zerobench.config import ConfigError
-from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.devices import hardware_profile
+from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 
 # GEMM grid per device: each dimension from these values (log-spaced), shapes above the FLOP cap
@@ -184,9 +185,16 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     gemm = gemm_table(device, dtype, log)
     elementwise, per_kernel = elementwise_table(device, dtype, log)
     adam = adam_seconds_per_param(device, log)
-    coll, coll_samples = collectives(device, list(group_sizes), log)
-    ring_bw = max(r[3] for r in coll if r[0] == "all_reduce")
-    alpha = min(r[2] for r in coll if r[0] == "all_reduce")
+    devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
+    sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
+    coll, coll_samples = collectives(device, sizes, log)
+    if coll:
+        ring_bw = max(r[3] for r in coll if r[0] == "all_reduce")
+        alpha = min(r[2] for r in coll if r[0] == "all_reduce")
+    else:  # a single GPU: no group to measure; the datasheet's links, said so in the log
+        sheet = PROFILES[hardware_profile(torch.device("cuda")) or "h100-80gb"]
+        ring_bw, alpha = sheet.intra_bw, sheet.intra_latency
+        log(f"collectives: not measured ({devices} GPU); links from the {sheet.name} datasheet profile")
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         gpu, memory, per_node = props.name, float(props.total_memory), torch.cuda.device_count()
