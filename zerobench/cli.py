@@ -149,7 +149,18 @@ def cmd_estimate(args) -> int:
     model, parallel, precision, train = configs(args)
     from zerobench.perfmodel import estimate_text
 
-    print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node))
+    attention = args.attention or "fused"
+    print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node, attention=attention))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from zerobench.calibrate import main as calibrate
+
+    sizes = tuple(int(n) for n in args.group_sizes.split(","))
+    if any(n < 2 for n in sizes):
+        raise ConfigError(f"group_sizes={args.group_sizes!r}: every group size must be >= 2")
+    calibrate(args.device, args.out, sizes)
     return 0
 
 
@@ -233,6 +244,11 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--zero-os", action="store_true", help="P_os as ZeRO-OS (Feb 2020: no gradient copy)")
             policy_args(s)
         s.set_defaults(fn=fn)
+    cal = sub.add_parser("calibrate", help="microbenchmark this machine -> a measured hardware profile")
+    cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    cal.add_argument("--out", default="calibrated-cpu", help="profile JSON path, or NAME (results/profiles/NAME.json)")
+    cal.add_argument("--group-sizes", default="2", help="collective group sizes to measure, comma-separated")
+    cal.set_defaults(fn=cmd_calibrate)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
     sweep_args(sub.add_parser("sweep", help="a sheet's modelled groups in one process, one record per trial"))
     peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")

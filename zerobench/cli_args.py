@@ -65,8 +65,12 @@ def train_args(p: argparse.ArgumentParser) -> None:
 def hardware_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hardware")
     g.add_argument(
-        "--hardware", default="v100-32gb-dgx2", help="profile: v100-32gb-dgx2, a100-80gb, h100-80gb, h200-141gb"
-    )
+        "--hardware", default="v100-32gb-dgx2",
+        help="profile: v100-32gb-dgx2, a100-80gb, h100-80gb, h200-141gb, or a `zerobench calibrate` JSON path/name",
+    )  # fmt: skip
+    g.add_argument("--attention", choices=("materialized", "fused"),
+                   help="attention kernel: s² scores + softmax pass (the paper's code; default of `model`) or "
+                   "flash-style (today's codes; default of `estimate`)")  # fmt: skip
     g.add_argument("--gpus", type=int, help="total GPUs (sets dp = gpus / mp)")
     g.add_argument("--gpus-per-node", type=int, help="override the profile's node size")
 

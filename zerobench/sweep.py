@@ -28,7 +28,10 @@ def modelled(args: argparse.Namespace, cal: Calibration = DEFAULT) -> dict:
 
     if args.zero_os:
         cal = cal.replace(zero_os_stage1=True)
-    return searched(args, lambda a: model_record(*configs(a), a.hardware, a.gpus_per_node, cal))
+    return searched(
+        args,
+        lambda a: model_record(*configs(a), a.hardware, a.gpus_per_node, cal, attention=a.attention or "materialized"),
+    )
 
 
 def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:

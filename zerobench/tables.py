@@ -144,14 +144,27 @@ def capacity(records: list[dict]) -> pd.DataFrame:
         formula_params = sub.mem_cap_bytes / bpp if sub.mem_cap_bytes else None
         ratio = largest.get(stage) / base if base and stage in largest else None
         expected = total_model_state_bytes(1.0, 0, int(sub.dp), 1, pgk) / bpp
+        model_params = _calibrated_largest(next(r for r in records if r["stage"] == stage))
         summary.append(dict(
             key=f"{STAGE_LABELS[stage]} largest / baseline largest", kind="largest", source="measured",
             status="ok" if stage in largest else "oom", stage=stage, dp=sub.dp,
-            num_params=largest.get(stage), formula_params=formula_params, ours=ratio, paper=None,
+            num_params=largest.get(stage), formula_params=formula_params, model_params=model_params, ours=ratio,
+            paper=None,
             expected=expected, error_pct=_error(ratio, expected) if stage else None,
             reference="formula: budget / model-state bytes per parameter", mem_cap_bytes=sub.mem_cap_bytes,
         ))  # fmt: skip
     return pd.concat([trials, pd.DataFrame(summary)], ignore_index=True)
+
+
+def _calibrated_largest(record: dict) -> float | None:
+    """The calibrated performance model's largest model under the trial's budget (activations
+    and buffers counted; perfmodel/vs_measured.py), beside the bare formula's; None until this
+    machine has a calibrated profile (`zerobench calibrate`, or the model_vs_measured table)."""
+    from zerobench.perfmodel.vs_measured import largest_under_budget, profile_path
+
+    if not (record.get("mem_cap_bytes") and "hidden" in record and profile_path().exists()):
+        return None
+    return largest_under_budget(record)
 
 
 def table1() -> pd.DataFrame:
@@ -193,6 +206,12 @@ def sweep(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def model_vs_measured(records: list[dict]) -> pd.DataFrame:
+    from zerobench.perfmodel.vs_measured import model_vs_measured as build_table
+
+    return build_table(records)
+
+
 def superlinear(records: list[dict]) -> pd.DataFrame:
     from zerobench.superlinear import table  # its own module, which takes STAGE_LABELS from here
 
@@ -201,6 +220,7 @@ def superlinear(records: list[dict]) -> pd.DataFrame:
 
 FROM_RECORDS = {
     "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
+    "model_vs_measured": model_vs_measured,
 }  # fmt: skip
 
 

@@ -17,6 +17,11 @@ The attention-score GEMMs (QKᵀ and softmax·V, the s/6h term of the FLOP count
 size h/a as a dimension. Where it is not a multiple of the hardware's tensor-core alignment (8 on
 V100 with CUDA 10: GPT-2 1.5B's 1600/16 = 100), they run on the CUDA cores at the datasheet
 non-tensor fp16 rate, with the same efficiency.
+
+`attention` is the kernel the code runs (kernels.py): `materialized` (the paper's 2020 code: the
+s² scores stored and a separate softmax pass, in the element-wise bytes above) or `fused`
+(flash-style: neither). On a measured profile (`zerobench calibrate`) every GEMM and element-wise
+kernel is timed from its own shape instead (kernels.measured_compute_time).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from zerobench.config import ModelConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel.calibration import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
-from zerobench.perfmodel.memory_fit import layer_activation_bytes
+from zerobench.perfmodel.kernels import layer_elementwise, measured_compute_time
 
 
 def gemm_efficiency(tokens: float, width: float, cal: Calibration) -> float:
@@ -47,8 +52,17 @@ def compute_time(
     recompute: bool,
     hw: HardwareProfile,
     cal: Calibration,
+    attention: str = "materialized",
+    act_bytes: int = 2,
+    share: int = 1,
 ) -> tuple[float, float]:
-    """(seconds of compute per step, efficiency used) for one GPU: GEMMs plus memory-bound ops."""
+    """(seconds of compute per step, efficiency used) for one GPU: GEMMs plus memory-bound ops.
+    On a measured profile the efficiency is 1 (its rates are achieved) and `share` ranks split
+    the host."""
+    if hw.measured:
+        return measured_compute_time(model, mp, micro_batch, grad_accum, recompute, attention, act_bytes, hw, share)[
+            0
+        ], 1.0
     eff = gemm_efficiency(micro_batch * model.seq, model.hidden / mp, cal)
     flops = flops_per_gpu(model, mp, micro_batch, grad_accum, recompute)
     gemm = flops / (hw.peak_flops * eff)
@@ -57,8 +71,8 @@ def compute_time(
         share = (s / (6 * h)) / (1 + s / (6 * h) + v / (16 * layers * h))  # attention scores' FLOP share
         gemm += flops * share / eff * (1 / hw.unaligned_flops - 1 / hw.peak_flops)
     passes = 4 if recompute else 3  # forward, [recomputed forward,] backward (2x forward)
-    act = layer_activation_bytes(model, micro_batch, mp, 2)
-    elementwise = cal.elementwise_traffic * passes * model.layers * act * grad_accum / hw.hbm_bw
+    moved = sum(io for _, io, _ in layer_elementwise(model, micro_batch, mp, attention)) * act_bytes
+    elementwise = cal.elementwise_traffic * passes * model.layers * moved * grad_accum / hw.hbm_bw
     return gemm + elementwise, eff
 
 
@@ -68,6 +82,9 @@ def backward_fraction(recompute: bool) -> float:
     return 3.0 / 4.0 if recompute else 2.0 / 3.0
 
 
-def optimizer_time(params_on_gpu: float, hw: HardwareProfile, cal: Calibration) -> float:
-    """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once)."""
+def optimizer_time(params_on_gpu: float, hw: HardwareProfile, cal: Calibration, share: int = 1) -> float:
+    """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once), or
+    the measured seconds per parameter of a calibrated profile (`share` ranks split the host)."""
+    if hw.measured:
+        return params_on_gpu * hw.adam_s_per_param * share
     return params_on_gpu * cal.adam_bytes_per_param / (hw.hbm_bw * cal.hbm_efficiency)

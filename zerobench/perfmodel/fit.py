@@ -9,13 +9,16 @@ point, which tests/unit/test_perfmodel_fit.py checks locally.
 from __future__ import annotations
 
 import dataclasses
+import sys
+
+import pandas as pd
 
 from zerobench.perfmodel.artifacts import ARTIFACTS
 from zerobench.perfmodel.calibration import DEFAULT, FITTED, Calibration
 from zerobench.perfmodel.hardware import GiB
 
 THROUGHPUT_KNOBS = ("gemm_eff_max", "tokens_half", "elementwise_traffic", "ib_efficiency", "nvlink_efficiency")
-_BOUNDS = {"gemm_eff_max": (0.2, 0.9), "tokens_half": (100.0, 20000.0), "elementwise_traffic": (0.0, 10.0),
+_BOUNDS = {"gemm_eff_max": (0.2, 0.9), "tokens_half": (100.0, 20000.0), "elementwise_traffic": (1.0, 20.0),
            "ib_efficiency": (0.3, 1.0), "nvlink_efficiency": (0.3, 1.0)}  # fmt: skip
 
 
@@ -65,6 +68,36 @@ def _nelder_mead(f, x0, steps, iters):
     return pts[i], vals[i]
 
 
+HARDWARE_KNOBS = ("gemm_eff_max", "tokens_half", "elementwise_traffic")
+
+
+def hardware_objective(cal: Calibration, hardware: str, sources: tuple[str, ...] = ()) -> float:
+    """Mean |error| in % over the `fit` rows of `hardware` in the external runs (external.py),
+    of `sources` only when given (leave-one-source-out)."""
+    from zerobench.perfmodel.external import DATA, validate
+
+    rows = pd.read_csv(DATA)
+    rows = rows[(rows.split == "fit") & (rows.hardware == hardware)]
+    if sources:
+        rows = rows[rows.source.isin(sources)]
+    return float(validate(cal, rows=rows).error_pct.abs().mean())
+
+
+def fit_hardware(hardware: str, start: Calibration = DEFAULT, iters: int = 120, sources: tuple[str, ...] = ()) -> dict:
+    """A GPU's own compute constants, fitted on its own `fit` rows only (never on another GPU's
+    throughput): Nelder–Mead on their mean |error| inside the same physical bounds."""
+
+    def objective(x):
+        if any(not lo <= v <= hi for v, (lo, hi) in zip(x, (_BOUNDS[k] for k in HARDWARE_KNOBS), strict=False)):
+            return 1e6
+        per = {hardware: dict(zip(HARDWARE_KNOBS, x, strict=False))}
+        return hardware_objective(start.replace(per_hardware=per), hardware, sources)
+
+    x0 = [getattr(start, k) for k in HARDWARE_KNOBS]
+    x, _ = _nelder_mead(objective, x0, [0.1 * v for v in x0], iters)
+    return dict(zip(HARDWARE_KNOBS, x, strict=False))
+
+
 def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
     """Re-fit the fitted constants on FIT_SET: memory first (scans), then the throughput knobs
     (Nelder–Mead on the mean |error| of their points, inside physical bounds). Minutes."""
@@ -83,6 +116,10 @@ def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1:  # python -m zerobench.perfmodel.fit a100-80gb h100-80gb
+        for name in sys.argv[1:]:
+            print(f"{name!r}: {fit_hardware(name)!r},")
+        raise SystemExit(0)
     fitted = fit()
     for field in dataclasses.fields(fitted):
         print(f"{field.name} = {getattr(fitted, field.name)!r}")

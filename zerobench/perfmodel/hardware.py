@@ -1,8 +1,10 @@
-"""Hardware profiles as data: the paper's DGX-2 cluster and today's 8-GPU nodes.
+"""Hardware profiles as data: the paper's DGX-2 cluster, today's 8-GPU nodes, and profiles
+measured by `zerobench calibrate` (loaded by path or name, perfmodel/profile_file.py).
 
 The paper's cluster (paper.md §6): 25 DGX-2 nodes, each 16 × V100-SXM3-32GB on NVSwitch and
-8 × 100 Gb/s EDR InfiniBand. Units: bytes, bytes/s, FLOP/s, seconds. Every rate is a datasheet
-peak; achieved fractions live in `calibration.py`, never here.
+8 × 100 Gb/s EDR InfiniBand. Units: bytes, bytes/s, FLOP/s, seconds. In a datasheet profile every
+rate is a peak and the achieved fractions live in `calibration.py`; a measured profile
+(`measured=True`) holds achieved rates, so no efficiency is applied to them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ class HardwareProfile:
     # other GEMMs run on the CUDA cores at `unaligned_flops`. CUDA 11+ pads instead (align 1).
     tensor_core_align: int = 1
     unaligned_flops: float | None = None
+    # --- measured by `zerobench calibrate` (zerobench/calibrate.py); empty in datasheet profiles ---
+    measured: bool = False  # rates are achieved rates: the model applies no efficiency to them
+    gemm_table: tuple = ()  # ((m, n, k, FLOP/s), ...): achieved GEMM rate per shape
+    elementwise_table: tuple = ()  # ((tensor bytes, bytes/s read + written), ...): element-wise kernels
+    adam_s_per_param: float = 0.0  # seconds of the optimizer step per fp32 parameter updated
+    collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
+    ranks_share_compute: bool = False  # CPU: the ranks of one host split its cores (and its GEMM rate)
+    # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
+    # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
+    reserve_bytes: float | None = None
 
     @property
     def node_ib_bw(self) -> float:
@@ -80,13 +92,21 @@ PROFILES: dict[str, HardwareProfile] = {
 
 
 def get_profile(name: str | HardwareProfile, gpus_per_node: int | None = None) -> HardwareProfile:
-    """A profile by name, with its node size optionally overridden (the NICs per node stay)."""
+    """A profile by name (a datasheet profile, or a calibrated one: a JSON path, or a name under
+    the profile directory), with its node size optionally overridden (the NICs per node stay)."""
+    from zerobench.perfmodel import profile_file
+
     if isinstance(name, HardwareProfile):
         profile = name
     elif name in PROFILES:
         profile = PROFILES[name]
+    elif (path := profile_file.find(name)) is not None:
+        profile = profile_file.load(path)
     else:
-        raise ConfigError(f"hardware={name!r}: unknown profile; choose one of {sorted(PROFILES)}")
+        raise ConfigError(
+            f"hardware={name!r}: unknown profile; choose one of {sorted(PROFILES)}, a calibrated profile's "
+            f"JSON path, or a name under {profile_file.profile_dir()}"
+        )
     if gpus_per_node is not None:
         if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
             raise ConfigError(f"gpus_per_node={gpus_per_node!r}: must be an integer >= 1")

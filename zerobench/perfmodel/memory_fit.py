@@ -8,7 +8,8 @@ Per GPU, in bytes (paper §3, §5, §6):
   tensor parallel without sequence parallel: s·b·h·(10 + 24/t) + 5·a·s²·b/t bytes in fp16) times
   `working_set_factor` (activations plus their gradients), the all-gathered checkpoint under
   P_a, and the vocabulary-parallel logits (16-bit logits, fp32 softmax and its gradient);
-- buffers: constant-size fused buckets (C_B; a reduce and an all-gather bucket of `bucket_bytes`)
+- buffers: constant-size fused buckets (C_B; a reduce and an all-gather bucket of `bucket_bytes`,
+  never larger than the gradients they hold)
   and the fp32 copy of the rank's gradient shard that DeepSpeed's stage 1–2 optimizer updates
   from (4Ψ/(N_m·N_d), the "+4 B/N" of simulators.md §3.2; DeepSpeed's own estimator counts it
   as resident, 2Ψ + 18Ψ/N; counted resident here, see docs/perfmodel.md) for ZeRO, or the fp32 flattened
@@ -32,6 +33,7 @@ from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.calibration import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.kernels import check_attention
 
 # Megatron's vocab-parallel cross-entropy casts the fp16 logits to fp32 (4 B), exponentiates and
 # normalises them in place and saves them; backward writes the gradient into that same buffer,
@@ -74,10 +76,21 @@ class MemoryBreakdown:
         return self.total_bytes + cal.cache_headroom * max(0.0, self.usable_bytes - self.total_bytes)
 
 
-def layer_activation_bytes(model: ModelConfig, micro_batch: int, mp: int, act_bytes: int) -> float:
-    """Stored activations of one transformer layer on one GPU (Korthikanti et al. 2022, fp16)."""
+def layer_activation_bytes(
+    model: ModelConfig, micro_batch: int, mp: int, act_bytes: int, attention: str = "materialized"
+) -> float:
+    """Stored activations of one transformer layer on one GPU (Korthikanti et al. 2022, fp16).
+    `fused` attention (flash-style) stores no s² scores, softmax output nor dropout mask (the
+    5·a·s²·b term), only the output and the fp32 log-sum-exp per row (a·s·b·4 bytes)."""
     s, h, a, b = model.seq, model.hidden, model.heads, micro_batch
-    return (s * b * h * (10 + 24 / mp) + 5 * a * s * s * b / mp) * act_bytes / 2
+    scores = 5 * a * s * s * b / mp if check_attention(attention) == "materialized" else 2 * a * s * b / mp
+    return (s * b * h * (10 + 24 / mp) + scores) * act_bytes / 2
+
+
+def activation_dtype_bytes(precision: PrecisionConfig) -> int:
+    """Bytes per activation element: the compute dtype's (fp32 on CPU whatever the storage,
+    config.PrecisionConfig; the storage dtype on GPU)."""
+    return 4 if precision.device == "cpu" else precision.bytes_pgk[0]
 
 
 def breakdown(
@@ -87,11 +100,12 @@ def breakdown(
     micro_batch: int,
     hw: HardwareProfile,
     cal: Calibration,
+    attention: str = "materialized",
 ) -> MemoryBreakdown:
-    p_bytes = precision.bytes_pgk[0]
+    p_bytes = activation_dtype_bytes(precision)
     mp, b = parallel.mp, micro_batch
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
-    layer = layer_activation_bytes(model, b, mp, p_bytes)
+    layer = layer_activation_bytes(model, b, mp, p_bytes, attention)
     one_ckpt = b * model.seq * model.hidden * p_bytes  # one layer's input, b·s·h elements
     if parallel.checkpoint_activations:
         if parallel.offload_activations:
@@ -109,10 +123,14 @@ def breakdown(
         buffers = 4.0 * model.num_params / mp  # fp32 flattened gradients of the whole replica shard
     elif parallel.stage == 0:
         buffers = 0.0
-    else:  # C_B: reduce + all-gather bucket; fp32 copy of this rank's gradient shard for Adam
-        buffers = 2.0 * parallel.bucket_bytes + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
+    else:  # C_B: reduce + all-gather bucket (never larger than the gradients they hold, in the
+        # gradients' bytes); fp32 copy of this rank's gradient shard for Adam
+        bucket = min(parallel.bucket_bytes, states["grad_bytes"] * (parallel.dp if parallel.stage >= 2 else 1))
+        buffers = 2.0 * bucket + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
     flat_copy = parallel.stage == 0 or (parallel.stage == 1 and not cal.zero_os_stage1)  # the reduction's copy
-    lost = 0.0 if parallel.contiguous_buffers else cal.fragmentation * hw.memory_bytes
+    reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
+    measured_reserve = hw.reserve_bytes is not None  # a calibrated CPU: no allocator to fragment
+    lost = 0.0 if parallel.contiguous_buffers or measured_reserve else cal.fragmentation * hw.memory_bytes
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
         grad_bytes=states["grad_bytes"],
@@ -121,31 +139,13 @@ def breakdown(
         working_bytes=working,
         buffer_bytes=buffers,
         reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
-        usable_bytes=hw.memory_bytes - cal.reserve_bytes - lost,
+        usable_bytes=hw.memory_bytes - reserve - lost,
     )
 
 
-def max_micro_batch(model, parallel, precision, hw, cal, limit: int = 1 << 16) -> int:
-    """Largest micro-batch that fits (0 when not even one sequence does). Memory grows with b, so
-    this is a bisection; more free memory can never give a smaller answer."""
-    if not breakdown(model, parallel, precision, 1, hw, cal).fits:
-        return 0
-    lo, hi = 1, limit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if breakdown(model, parallel, precision, mid, hw, cal).fits:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def max_layers(model: ModelConfig, parallel, precision, micro_batch: int, hw, cal, limit: int = 1 << 14) -> int:
-    """Most layers of `model`'s width that fit at `micro_batch` (0 if none)."""
-
-    def fits(layers: int) -> bool:
-        return breakdown(dataclasses.replace(model, layers=layers), parallel, precision, micro_batch, hw, cal).fits
-
+def _largest(fits, limit: int) -> int:
+    """Largest n in [1, limit] with fits(n), for a `fits` that holds up to some n and never above
+    it (memory grows with the batch and the depth); 0 when not even 1 fits. A bisection."""
     if not fits(1):
         return 0
     lo, hi = 1, limit
@@ -153,3 +153,19 @@ def max_layers(model: ModelConfig, parallel, precision, micro_batch: int, hw, ca
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
+
+
+def max_micro_batch(model, parallel, precision, hw, cal, limit: int = 1 << 16, attention: str = "materialized") -> int:
+    """Largest micro-batch that fits (0 when not even one sequence does)."""
+    return _largest(lambda b: breakdown(model, parallel, precision, b, hw, cal, attention).fits, limit)
+
+
+def max_layers(
+    model: ModelConfig, parallel, precision, micro_batch: int, hw, cal, limit: int = 1 << 14,
+    attention: str = "materialized",
+) -> int:  # fmt: skip
+    """Most layers of `model`'s width that fit at `micro_batch` (0 if none)."""
+    return _largest(
+        lambda n: breakdown(dataclasses.replace(model, layers=n), parallel, precision, micro_batch, hw, cal,
+                            attention).fits, limit,
+    )  # fmt: skip

@@ -53,17 +53,42 @@ class Ring:
     def size(self) -> int:
         return self.per_node * self.nodes
 
-    def reduce_scatter(self, nbytes: float) -> float:
-        """Each member ends with 1/size of the reduced `nbytes` (all-gather: the reverse)."""
+    def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
+        """Each member ends with 1/size of the reduced `nbytes`, sent as `calls` collectives (each
+        pays its ring steps' latency; all-gather: the reverse)."""
         k, m = self.per_node, self.nodes
-        intra = (k - 1) / k * nbytes / self.intra_bw + (k - 1) * self.intra_latency
-        inter = (m - 1) / m * nbytes / k / self.inter_bw + (m - 1) * self.inter_latency if m > 1 else 0.0
+        intra = (k - 1) / k * nbytes / self.intra_bw + calls * (k - 1) * self.intra_latency
+        inter = (m - 1) / m * nbytes / k / self.inter_bw + calls * (m - 1) * self.inter_latency if m > 1 else 0.0
         return intra + inter
 
     all_gather = reduce_scatter
 
-    def all_reduce(self, nbytes: float) -> float:
-        return 2 * self.reduce_scatter(nbytes)
+    def all_reduce(self, nbytes: float, calls: int = 1) -> float:
+        return 2 * self.reduce_scatter(nbytes, calls)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A group on a measured profile: each op's time is the fitted α + ring volume / bandwidth of
+    `zerobench calibrate` (its fits per op at this group size, or the nearest size measured)."""
+
+    size: int
+    fits: dict  # op -> (α s, bytes/s of per-rank ring volume)
+
+    def _time(self, op: str, factor: float, nbytes: float, calls: int) -> float:
+        if self.size == 1:
+            return 0.0
+        alpha, bw = self.fits[op]
+        return calls * alpha + factor * nbytes / bw
+
+    def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
+        return self._time("reduce_scatter", (self.size - 1) / self.size, nbytes, calls)
+
+    def all_gather(self, nbytes: float, calls: int = 1) -> float:
+        return self._time("all_gather", (self.size - 1) / self.size, nbytes, calls)
+
+    def all_reduce(self, nbytes: float, calls: int = 1) -> float:
+        return self._time("all_reduce", 2 * (self.size - 1) / self.size, nbytes, calls)
 
 
 def placement(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
@@ -74,7 +99,11 @@ def placement(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
     return per_node, math.ceil(size / per_node)
 
 
-def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring:
+def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring | Measured:
+    if hw.collectives:
+        sizes = {row[1] for row in hw.collectives}
+        nearest = min(sizes, key=lambda n: (abs(n - size), n))
+        return Measured(size, {op: (alpha, bw) for op, n, alpha, bw in hw.collectives if n == nearest})
     per_node, nodes = placement(size, stride, hw.gpus_per_node)
     return Ring(per_node, nodes, hw.intra_bw * cal.nvlink_efficiency, hw.ib_share_per_gpu * cal.ib_efficiency,
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
@@ -103,10 +132,20 @@ def mp_comm_time(
     return t, host  # fmt: skip
 
 
+def stage3_modules(layers: int) -> int:
+    """Collectives per pass of stage 3: one per module that owns parameters (zero/stage3.py; as
+    DeepSpeed's stage 3 fetches per submodule): per layer two layernorms, qkv, proj, fc1 and fc2,
+    plus the token and position embeddings."""
+    return 6 * layers + 2
+
+
 def dp_comm_times(
-    params_per_rank: float, stage: int, dp: int, mp: int, grad_bytes: int, hw: HardwareProfile, cal: Calibration
-) -> tuple[float, float]:
-    """(overlappable gradient-reduction seconds, exposed seconds) of one step's DP traffic."""
+    params_per_rank: float, stage: int, dp: int, mp: int, grad_bytes: int, hw: HardwareProfile, cal: Calibration,
+    micro_batches: int = 1, modules: int = 1,
+) -> tuple[float, float]:  # fmt: skip
+    """(overlappable gradient-reduction seconds, exposed seconds) of one step's DP traffic. Stage 3
+    gathers parameters and reduce-scatters gradients in every micro-batch (3mΨ, zero/stage3.py),
+    one collective per module each time."""
     group = ring(dp, mp, hw, cal)
     msg = params_per_rank * grad_bytes  # Ψ' in the 16-bit (or fp32) storage dtype
     if stage == 0:
@@ -115,4 +154,5 @@ def dp_comm_times(
         return group.all_reduce(msg), group.all_gather(msg)
     if stage in (1, 2):
         return group.reduce_scatter(msg), group.all_gather(msg)
-    return group.reduce_scatter(msg) + 2 * group.all_gather(msg), 0.0  # stage 3: 3Ψ, prefetched
+    m, calls = micro_batches, modules * micro_batches
+    return group.reduce_scatter(m * msg, calls) + 2 * group.all_gather(m * msg, calls), 0.0  # stage 3: 3mΨ

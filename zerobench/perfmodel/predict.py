@@ -15,7 +15,8 @@ from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network
 from zerobench.perfmodel.calibration import DEFAULT, Calibration
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
-from zerobench.perfmodel.memory_fit import MemoryBreakdown, breakdown, max_micro_batch
+from zerobench.perfmodel.kernels import check_attention
+from zerobench.perfmodel.memory_fit import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 
 
 @dataclass(frozen=True)
@@ -73,20 +74,28 @@ def predict(
     hardware: str | HardwareProfile,
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
+    attention: str = "materialized",
 ) -> Prediction:
+    """`attention`: `materialized` (s² scores kept, a separate softmax pass: the paper's 2020 code,
+    used by the paper artifacts) or `fused` (flash-style: what today's codes and this engine run)."""
     hw = get_profile(hardware, gpus_per_node)
     validate(model, parallel, hw)
+    check_attention(attention)
+    cal = cal.for_hardware(hw.name)
     b, ga, mp = train.micro_batch, train.grad_accum, parallel.mp
     recompute = parallel.checkpoint_activations
-    p_bytes, g_bytes, _ = precision.bytes_pgk
-    mem = breakdown(model, parallel, precision, b, hw, cal)
-    comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal)
+    _, g_bytes, _ = precision.bytes_pgk
+    act_bytes = activation_dtype_bytes(precision)
+    share = parallel.world_size if hw.ranks_share_compute else 1  # CPU ranks split the host's cores
+    mem = breakdown(model, parallel, precision, b, hw, cal, attention)
+    comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share)
     mp_t, host_t = network.mp_comm_time(
-        b, model.seq, model.hidden, model.layers, mp, p_bytes, recompute,
+        b, model.seq, model.hidden, model.layers, mp, act_bytes, recompute,
         parallel.partition_activations, parallel.offload_activations, hw, cal,
     )  # fmt: skip
     psi = model.num_params / mp
-    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal)
+    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga,
+                                                network.stage3_modules(model.layers))  # fmt: skip
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
@@ -97,13 +106,13 @@ def predict(
     return Prediction(
         fits=mem.fits,
         memory=mem,
-        max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal),
+        max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal, attention=attention),
         compute_s=comp,
         mp_comm_s=mp_t * ga,
         host_copy_s=host_t * ga,
         dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s,
-        optimizer_s=compute.optimizer_time(updated, hw, cal),
-        overhead_s=cal.step_overhead_s,
+        optimizer_s=compute.optimizer_time(updated, hw, cal, share),
+        overhead_s=0.0 if hw.measured else cal.step_overhead_s,  # not measured: none assumed
         efficiency=eff,
         flops_per_gpu=step_flops(model, b * ga, recompute) / mp,
         model_flops_per_gpu=step_flops(model, b * ga, False) / mp,
@@ -119,6 +128,7 @@ def model_record(
     hardware: str,
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
+    attention: str = "materialized",
 ) -> dict:
     """One `source: modelled` record (results.RECORD_FIELDS, time breakdown in the extras)."""
     fields = dict(
@@ -130,7 +140,7 @@ def model_record(
         grad_accum=train.grad_accum, global_batch=train.micro_batch * train.grad_accum * parallel.dp,
     )  # fmt: skip
     try:
-        pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal)
+        pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal, attention)
     except ConfigError as exc:
         return results.new_record("modelled", status="infeasible", error=str(exc), **fields)
     mem = pred.memory
@@ -140,7 +150,7 @@ def model_record(
         peak_reserved_bytes=mem.cached_bytes(cal),
     )  # fmt: skip
     extra = {"max_micro_batch": pred.max_micro_batch, "buffer_bytes": mem.buffer_bytes,
-             "usable_bytes": mem.usable_bytes}  # fmt: skip
+             "usable_bytes": mem.usable_bytes, "attention": attention}  # fmt: skip
     if not pred.fits:
         msg = (f"needs {mem.total_bytes / 1e9:.1f} GB per GPU, {mem.usable_bytes / 1e9:.1f} GB usable; "
                f"largest micro-batch that fits: {pred.max_micro_batch}")  # fmt: skip
@@ -166,14 +176,15 @@ def estimate_text(
     hardware: str,
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
+    attention: str = "fused",
 ) -> str:
     """The planning answer for a person: fits or not, memory by category, batch, speed."""
     hw = get_profile(hardware, gpus_per_node)
     head = (f"{model.name} ({model.num_params / 1e9:.2f}B params) on {parallel.world_size} x {hw.gpu} "
             f"(dp={parallel.dp}, mp={parallel.mp}, stage {parallel.stage}, "
-            f"micro-batch {train.micro_batch})")  # fmt: skip
+            f"micro-batch {train.micro_batch}, {attention} attention)")  # fmt: skip
     try:
-        pred = predict(model, parallel, precision, train, hw, None, cal)
+        pred = predict(model, parallel, precision, train, hw, None, cal, attention)
     except ConfigError as exc:
         return f"{head}\n  cannot exist: {exc}"
     m = pred.memory

@@ -1,0 +1,209 @@
+"""`zerobench calibrate` and its profile file: a profile round-trips, a bad or partial profile is
+refused naming the field, a calibrated profile is found by path and by name, and the model reads
+its measured rates (hand-derived step terms on a profile with one constant rate)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from zerobench import calibrate
+from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.perfmodel import DEFAULT, get_profile, predict, profile_file
+from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.kernels import elementwise_bw, gemm_rate, layer_gemms
+
+RATE = 1e10  # FLOP/s of every GEMM shape in the test profile
+BW = 2e9  # bytes/s of every element-wise kernel
+CPU = HardwareProfile(
+    name="test-cpu", gpu="test", peak_flops=RATE, memory_bytes=8 * 2**30, hbm_bw=BW, gpus_per_node=2,
+    intra_bw=1e9, nic_bw=1e9, nics_per_node=1, host_bw=BW, intra_latency=1e-5, inter_latency=1e-5,
+    measured=True, gemm_table=((64, 64, 64, RATE), (1024, 1024, 1024, RATE)),
+    elementwise_table=((1e3, BW), (1e8, BW)), adam_s_per_param=5e-9,
+    collectives=(("all_reduce", 2, 1e-4, 1e9), ("reduce_scatter", 2, 2e-4, 5e8), ("all_gather", 2, 3e-4, 2.5e8)),
+    ranks_share_compute=True, reserve_bytes=0.0,
+)  # fmt: skip
+
+
+def _doc(profile=CPU) -> dict:
+    return {"format": profile_file.FORMAT, "profile": profile_file.to_dict(profile), "samples": {}}
+
+
+def test_profile_round_trips(tmp_path):
+    path = profile_file.save(CPU, tmp_path / "cpu.json", samples={"note": "kept"})
+    assert profile_file.load(path) == CPU
+    assert json.loads(path.read_text())["samples"] == {"note": "kept"}
+    assert get_profile(str(path)) == CPU  # by path ...
+
+
+def test_profile_found_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZEROBENCH_PROFILES", str(tmp_path))
+    profile_file.save(CPU, tmp_path / "mybox.json")
+    assert get_profile("mybox") == CPU  # ... and by name in the profile directory
+    assert calibrate.output_path("mybox") == tmp_path / "mybox.json"
+    assert calibrate.output_path("out/x.json").name == "x.json"
+    with pytest.raises(ConfigError, match="hardware='nobox'"):
+        get_profile("nobox")
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda p: p.pop("peak_flops"), "peak_flops"),
+        (lambda p: p.pop("gemm_table"), "gemm_table"),
+        (lambda p: p.pop("adam_s_per_param"), "adam_s_per_param"),
+        (lambda p: p.update(peak_flops=-1.0), "peak_flops"),
+        (lambda p: p.update(hbm_bw="fast"), "hbm_bw"),
+        (lambda p: p.update(gpus_per_node=0), "gpus_per_node"),
+        (lambda p: p.update(gemm_table=[[64, 64, 64]]), r"gemm_table\[0\]"),
+        (lambda p: p.update(gemm_table=[[64, 0, 64, 1e9]]), r"gemm_table\[0\]\.n"),
+        (lambda p: p.update(gemm_table=[]), "gemm_table"),
+        (lambda p: p.update(elementwise_table=[[1e3, float("nan")]]), r"elementwise_table\[0\]\.bytes_per_s"),
+        (lambda p: p.update(collectives=[["broadcast", 2, 0.0, 1e9]]), r"collectives\[0\]\.op"),
+        (lambda p: p.update(collectives=[["all_reduce", 1, 0.0, 1e9]]), r"collectives\[0\]\.size"),
+        (lambda p: p.update(measured="yes"), "measured"),
+        (lambda p: p.update(colour="red"), "colour"),
+    ],
+)
+def test_bad_or_partial_profile_is_refused_naming_the_field(tmp_path, change, field):
+    doc = _doc()
+    change(doc["profile"])
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=field):
+        profile_file.load(path)
+    assert not (tmp_path / "bad.json.tmp").exists()
+
+
+def test_not_a_profile_file_is_refused(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"profile": {}}))
+    with pytest.raises(ConfigError, match="format"):
+        profile_file.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        profile_file.load(path)
+
+
+def test_alpha_beta_fit_recovers_a_line():
+    # t = 50 us + v / 2 GB/s, exactly
+    points = [(v, 50e-6 + v / 2e9) for v in (1e3, 1e5, 1e6, 1e7)]
+    alpha, bw = calibrate._fit_alpha_beta(points)
+    assert alpha == pytest.approx(50e-6) and bw == pytest.approx(2e9)
+
+
+def test_rate_lookups():
+    table = dataclasses.replace(CPU, gemm_table=((64, 64, 64, 1e9), (4096, 4096, 4096, 4e10)))
+    assert gemm_rate(table, 64, 64, 64) == 1e9 and gemm_rate(table, 4096, 4096, 4096) == 4e10
+    assert 1e9 < gemm_rate(table, 512, 512, 512) < 4e10  # between its neighbours
+    ew = dataclasses.replace(CPU, elementwise_table=((1e3, 1e9), (1e5, 3e9)))
+    assert elementwise_bw(ew, 1e4) == pytest.approx(2e9)  # halfway in log size
+    assert elementwise_bw(ew, 10.0) == 1e9 and elementwise_bw(ew, 1e9) == 3e9
+
+
+def test_measured_profile_terms_hand_derived():
+    # one rank, no checkpointing: GEMM FLOPs 3x forward, at one constant rate; element-wise bytes
+    # of the named kernels, 3 passes, fp32 on CPU; Adam per parameter; no fixed overhead
+    model = ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256)
+    b = 4
+    pred = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU,
+                   attention="fused")  # fmt: skip
+    t, h, s, v = b * 32, 64, 32, 256
+    gemm_fwd = 2 * (24 * t * h * h / 2 + 2 * b * s * s * h) * 2 + 2 * t * h * v  # 2 layers + logits
+    assert sum(2 * m * n * k * c for _, m, n, k, c in layer_gemms(model, b, 1)) == 24 * t * h * h + 4 * b * s * s * h
+    elementwise = 2 * 3 * (2 * 2 * t * h + 2 * 4 * t * h + 2 * 3 * t * h) * 4 / BW  # layers, passes, kernels, fp32
+    assert pred.compute_s == pytest.approx(3 * gemm_fwd / RATE + elementwise)
+    assert pred.optimizer_s == pytest.approx(model.num_params * 5e-9) and pred.overhead_s == 0.0
+    # two ranks on the host split it: the same per-rank work takes twice as long; stage 1's
+    # reduce-scatter and all-gather of 4-byte values cost alpha + ring volume / bandwidth as measured
+    two = predict(model, ParallelConfig(dp=2, mp=1, stage=1), PrecisionConfig("fp32", "cpu"),
+                  TrainConfig(micro_batch=b), CPU, attention="fused")  # fmt: skip
+    assert two.compute_s == pytest.approx(2 * pred.compute_s)
+    half = model.num_params * 4 / 2  # (n-1)/n of the gradient bytes per rank
+    assert two.dp_comm_s == pytest.approx(2e-4 + half / 5e8 + 3e-4 + half / 2.5e8)
+    # materialized attention adds the softmax pass over a/mp·b·s² scores, forward + backward
+    mat = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU,
+                  attention="materialized")  # fmt: skip
+    assert mat.compute_s - pred.compute_s == pytest.approx(2 * 3 * 2 * 4 * b * s * s * 4 / BW)
+
+
+def test_unknown_attention_is_refused():
+    with pytest.raises(ConfigError, match="attention"):
+        predict(
+            ModelConfig(layers=2, hidden=64, heads=4),
+            ParallelConfig(),
+            PrecisionConfig(),
+            TrainConfig(),
+            CPU,
+            attention="sparse",
+        )
+
+
+def test_calibrate_refuses_a_bad_device():
+    with pytest.raises(ConfigError, match="device"):
+        calibrate.calibrate("tpu")
+
+
+def test_gemm_benchmark_on_a_tiny_grid(monkeypatch):
+    monkeypatch.setitem(calibrate.GEMM_DIMS, "cpu", (8, 16))
+    lines = []
+    rows = calibrate.gemm_table("cpu", calibrate.torch.float32, lines.append)
+    assert [r[:3] for r in rows] == [[m, n, k] for m in (8, 16) for n in (8, 16) for k in (8, 16)]
+    assert all(r[3] > 0 for r in rows) and len(lines) == 1 and "gemm" in lines[0]
+
+
+def test_model_vs_measured_rows_from_a_record():
+    from zerobench.perfmodel.vs_measured import _configs, model_vs_measured
+
+    record = dict(
+        status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=2, mp=1, stage=1,
+        bucket_bytes=2**20, checkpoint_activations=False, partition_activations=False, offload_activations=False,
+        contiguous_buffers=False, precision="fp32", device="cpu", micro_batch=4, grad_accum=1, steps=2,
+        num_params=1000, step_time_s=0.5, step_time_min_s=0.4, step_time_max_s=0.6, rss_growth_bytes=64 * 2**20,
+        comm={"reduce_scatter/dp": {"seconds": 0.2}, "all_gather/dp": {"seconds": 0.1}},
+    )  # fmt: skip
+    df = model_vs_measured([record, dict(record, status="oom", error="over budget")], CPU)
+    step, mem, oom = df.iloc[0], df.iloc[1], df.iloc[2]
+    pred = predict(*_configs(record), CPU, attention="fused")
+    assert step.ours == pytest.approx(pred.step_time_s) and step.expected == 0.5
+    assert step.error_pct == pytest.approx(100 * (pred.step_time_s - 0.5) / 0.5)
+    assert step.measured_comm_s == pytest.approx(0.15)  # 0.3 s of collectives over 2 steps
+    assert mem.expected == 64 and mem.ours == pytest.approx(pred.memory.total_bytes / 2**20)
+    assert oom.status == "oom" and oom.ours != oom.ours  # NaN: nothing predicted for a failed trial
+
+
+def test_external_runs_file_is_cited_split_and_predictable():
+    from zerobench.perfmodel.external import DATA, summary, validate
+
+    df = validate()
+    assert len(df) >= 20 and df.citation.str.len().min() > 20
+    assert set(df.split) == {"fit", "validation"} and df.source.nunique() >= 2
+    assert {"a100-80gb", "h100-80gb"} <= set(df.hardware)
+    assert df.predicted.notna().all() and (df.predicted > 0).all()
+    table = summary(df)
+    assert table.points.iloc[-1] == (df.split == "validation").sum()
+    assert table.mape_pct.iloc[-1] <= 15.0  # the issue's target on the validation rows (8.0% when written)
+    assert DATA.name == "external_runs.csv"
+
+
+def test_largest_model_under_a_budget_counts_more_than_model_states():
+    from zerobench.perfmodel.memory_fit import breakdown
+    from zerobench.perfmodel.vs_measured import _configs, largest_under_budget
+
+    cap = 64 * 2**20
+    record = dict(
+        model="tiny", layers=2, hidden=256, heads=8, seq=128, vocab=256, dp=4, mp=1, stage=2, bucket_bytes=2**21,
+        checkpoint_activations=False, partition_activations=False, offload_activations=False,
+        contiguous_buffers=False, precision="bf16", device="cpu", micro_batch=1, grad_accum=1, mem_cap_bytes=cap,
+    )  # fmt: skip
+    params = largest_under_budget(record, CPU)
+    model, parallel, precision, train = _configs(record)
+    per_layer = dataclasses.replace(model, layers=2).num_params - dataclasses.replace(model, layers=1).num_params
+    layers = round((params - model.num_params) / per_layer) + 2
+    budget = dataclasses.replace(CPU, memory_bytes=float(cap))
+    at = breakdown(dataclasses.replace(model, layers=layers), parallel, precision, 1, budget, DEFAULT, "fused")
+    above = breakdown(dataclasses.replace(model, layers=layers + 1), parallel, precision, 1, budget, DEFAULT, "fused")
+    assert at.fits and not above.fits  # the boundary, found by bisection, checked one layer either side
+    assert params < cap / (2 + 2 / 4 + 12 / 4)  # below the bare formula: activations and buffers count

@@ -1,0 +1,152 @@
+"""A hardware profile as a JSON file: what `zerobench calibrate` writes and `model`, `estimate`
+and the workflow read (`--hardware PATH` or `--hardware NAME` for PROFILE_DIR/NAME.json).
+
+The file holds the profile's fields under "profile" and the raw microbenchmark samples under
+"samples" (kept for the record, not read back). Loading validates every field once and names the
+field it refuses; a partial file (a required field missing) is refused, never filled in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+from zerobench.config import ConfigError
+from zerobench.perfmodel.hardware import HardwareProfile
+
+FORMAT = "zerobench-hardware-profile/1"
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
+# Rates and sizes that must be finite and > 0 in every profile (datasheet or measured).
+_POSITIVE = ("peak_flops", "memory_bytes", "hbm_bw", "intra_bw", "nic_bw", "host_bw")
+# What a measured profile must carry beside them: the model's terms read these instead of
+# datasheet peaks times fitted efficiencies.
+_MEASURED = ("gemm_table", "elementwise_table", "adam_s_per_param")
+
+
+def profile_dir() -> Path:
+    """Where calibrated profiles are found by name: $ZEROBENCH_PROFILES, else results/profiles."""
+    return Path(os.environ.get("ZEROBENCH_PROFILES", "results/profiles"))
+
+
+def find(name: str) -> Path | None:
+    """The file of a calibrated profile given as a path or as a name in `profile_dir()`."""
+    for path in (Path(name), profile_dir() / f"{name}.json"):
+        if path.suffix == ".json" and path.is_file():
+            return path
+    return None
+
+
+def to_dict(profile: HardwareProfile) -> dict:
+    d = dataclasses.asdict(profile)
+    d["gemm_table"] = [list(row) for row in profile.gemm_table]
+    d["collectives"] = [list(row) for row in profile.collectives]
+    d["elementwise_table"] = [list(row) for row in profile.elementwise_table]
+    return d
+
+
+def _number(field: str, value, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{field}={value!r}: must be a finite number")
+    if positive and value <= 0:
+        raise ConfigError(f"{field}={value!r}: must be > 0")
+    return value
+
+
+def _rows(field: str, value, width: int, check) -> tuple:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{field}={value!r}: must be a list of {width}-element rows")
+    rows = []
+    for i, row in enumerate(value):
+        if not isinstance(row, list | tuple) or len(row) != width:
+            raise ConfigError(f"{field}[{i}]={row!r}: must have {width} elements")
+        rows.append(tuple(check(f"{field}[{i}]", row)))
+    return tuple(rows)
+
+
+def _gemm_row(where: str, row) -> list:
+    m, n, k, rate = row
+    for name, v in zip("mnk", (m, n, k), strict=True):
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where}.{name}={v!r}: must be an integer >= 1")
+    return [m, n, k, _number(f"{where}.flops_per_s", rate)]
+
+
+def _size_rate_row(where: str, row) -> list:
+    return [_number(f"{where}.bytes", row[0]), _number(f"{where}.bytes_per_s", row[1])]
+
+
+def _collective_row(where: str, row) -> list:
+    op, size, alpha, bw = row
+    if op not in OPS:
+        raise ConfigError(f"{where}.op={op!r}: must be one of {OPS}")
+    if not isinstance(size, int) or size < 2:
+        raise ConfigError(f"{where}.size={size!r}: must be an integer >= 2")
+    return [op, size, _number(f"{where}.alpha_s", alpha, positive=False), _number(f"{where}.bytes_per_s", bw)]
+
+
+def from_dict(d: dict) -> HardwareProfile:
+    """A validated profile; ConfigError names the first field that is missing or wrong."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"profile={d!r}: must be a JSON object")
+    fields = {f.name: f for f in dataclasses.fields(HardwareProfile)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown profile field; expected some of {sorted(fields)}")
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
+    if d.get("measured"):
+        required += list(_MEASURED)
+    for name in required:
+        if name not in d:
+            raise ConfigError(f"{name}: missing from the profile")
+    for name in ("name", "gpu"):
+        if not isinstance(d[name], str) or not d[name]:
+            raise ConfigError(f"{name}={d[name]!r}: must be a non-empty string")
+    v = dict(d)
+    for name in _POSITIVE:
+        v[name] = _number(name, d[name])
+    for name in ("gpus_per_node", "nics_per_node", "tensor_core_align"):
+        if name in d and (not isinstance(d[name], int) or isinstance(d[name], bool) or d[name] < 1):
+            raise ConfigError(f"{name}={d[name]!r}: must be an integer >= 1")
+    for name in ("intra_latency", "inter_latency"):
+        if name in d:
+            v[name] = _number(name, d[name], positive=False)
+    if d.get("reserve_bytes") is not None:
+        v["reserve_bytes"] = _number("reserve_bytes", d["reserve_bytes"], positive=False)
+    for name in ("measured", "ranks_share_compute"):
+        if name in d and not isinstance(d[name], bool):
+            raise ConfigError(f"{name}={d[name]!r}: must be true or false")
+    v["gemm_table"] = _rows("gemm_table", d.get("gemm_table", []), 4, _gemm_row)
+    v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
+    v["elementwise_table"] = _rows("elementwise_table", d.get("elementwise_table", []), 2, _size_rate_row)
+    if d.get("measured"):
+        for name in ("gemm_table", "elementwise_table"):
+            if not v[name]:
+                raise ConfigError(f"{name}=[]: a measured profile needs at least one row")
+        v["adam_s_per_param"] = _number("adam_s_per_param", d["adam_s_per_param"])
+    return HardwareProfile(**v)
+
+
+def load(path: str | Path) -> HardwareProfile:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"hardware={str(path)!r}: cannot read the profile ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ConfigError(f"format: {str(path)!r} is not a {FORMAT} file")
+    if "profile" not in doc:
+        raise ConfigError(f"profile: missing from {str(path)!r}")
+    return from_dict(doc["profile"])
+
+
+def save(profile: HardwareProfile, path: str | Path, samples: dict | None = None) -> Path:
+    """Write the profile (validated by reading it back first) and its raw samples."""
+    from_dict(to_dict(profile))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")  # nothing half-written is left at `path`
+    tmp.write_text(json.dumps({"format": FORMAT, "profile": to_dict(profile), "samples": samples or {}}, indent=1))
+    tmp.replace(path)
+    return path

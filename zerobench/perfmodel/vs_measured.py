@@ -1,0 +1,107 @@
+"""`model_vs_measured`: the performance model on a calibrated profile of this machine beside real
+steps of `zerobench run` (workflows/config/sheets/model_vs_measured.yaml).
+
+Per measured trial, two rows: the predicted step time against the measured median step, and the
+predicted peak memory against the measured peak RSS growth of the worst rank; beside them the
+model's breakdown (compute, DP and MP collectives, optimizer) and the seconds the ledger measured
+in collectives per step. `expected` is the measurement, `ours` the prediction, `error_pct`
+100·(ours − expected)/expected.
+
+The profile is $ZEROBENCH_PROFILE, else results/profiles/calibrated-<device>.json; when absent it
+is measured first (`zerobench calibrate`, about a minute), so one workflow target regenerates the
+whole comparison. The engine runs torch's fused scaled_dot_product_attention: `fused`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.perfmodel.calibration import DEFAULT
+from zerobench.perfmodel.hardware import HardwareProfile, get_profile
+from zerobench.perfmodel.memory_fit import max_layers
+from zerobench.perfmodel.predict import predict
+from zerobench.perfmodel.profile_file import profile_dir
+
+MiB = 2**20
+
+
+def profile_path(device: str = "cpu") -> Path:
+    return Path(os.environ.get("ZEROBENCH_PROFILE", profile_dir() / f"calibrated-{device}.json"))
+
+
+def calibrated_profile(device: str = "cpu") -> HardwareProfile:
+    """The calibrated profile of this machine, measured now if there is none yet."""
+    path = profile_path(device)
+    if not path.exists():
+        from zerobench.calibrate import main as calibrate
+
+        calibrate(device, str(path), (2,))
+    return get_profile(str(path))
+
+
+def _configs(r: dict):
+    model = ModelConfig(layers=r["layers"], hidden=r["hidden"], heads=r["heads"], seq=r["seq"], vocab=r["vocab"],
+                        name=r["model"])  # fmt: skip
+    parallel = ParallelConfig(dp=r["dp"], mp=r["mp"], stage=r["stage"], bucket_bytes=r["bucket_bytes"],
+                              checkpoint_activations=r["checkpoint_activations"],
+                              partition_activations=r["partition_activations"],
+                              offload_activations=r["offload_activations"],
+                              contiguous_buffers=r["contiguous_buffers"])  # fmt: skip
+    return (
+        model,
+        parallel,
+        PrecisionConfig(r["precision"], r["device"]),
+        TrainConfig(micro_batch=r["micro_batch"], grad_accum=r["grad_accum"]),
+    )
+
+
+def largest_under_budget(r: dict, hw: HardwareProfile | None = None) -> float:
+    """Parameters of the deepest model of `r`'s width that the calibrated model fits in the
+    trial's per-rank budget (`mem_cap_bytes`), activations and buffers counted (capacity)."""
+    hw = dataclasses.replace(hw or calibrated_profile(), memory_bytes=float(r["mem_cap_bytes"]))
+    model, parallel, precision, train = _configs(r)
+    layers = max_layers(model, parallel, precision, train.micro_batch, hw, DEFAULT, attention="fused")
+    return dataclasses.replace(model, layers=layers).num_params if layers else 0.0
+
+
+def _label(r: dict) -> str:
+    """The trial in a few words (a failed trial's record may lack the model's shape)."""
+    shape = r.get("model") if r.get("model") != "tiny" else f"L{r['layers']} h{r['hidden']} a{r['heads']} s{r['seq']}"
+    ckpt = " ckpt" if r.get("checkpoint_activations") else ""
+    layout = f"dp{r.get('dp')} mp{r.get('mp')} stage {r.get('stage')} b{r.get('micro_batch')}"
+    return f"{shape} {r.get('precision')} {layout}{ckpt}"
+
+
+def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) -> pd.DataFrame:
+    hw = hw or calibrated_profile()
+    rows = []
+    for r in records:
+        key = _label(r)
+        if r["status"] != "ok":
+            rows.append(dict(key=f"{key}: step", source="measured", status=r["status"], error=r.get("error")))
+            continue
+        pred = predict(*_configs(r), hw, attention="fused")
+        ledger_s = sum(e["seconds"] for e in (r.get("comm") or {}).values()) / r["steps"]
+        common = dict(source="modelled vs measured", status="ok", hardware=hw.name, dp=r["dp"], mp=r["mp"],
+                      stage=r["stage"], micro_batch=r["micro_batch"], num_params=r["num_params"])  # fmt: skip
+        rows.append(dict(
+            key=f"{key}: step (s)", series="step time (s)", ours=pred.step_time_s, expected=r["step_time_s"],
+            compute_s=pred.compute_s, dp_comm_s=pred.dp_comm_s, mp_comm_s=pred.mp_comm_s + pred.host_copy_s,
+            optimizer_s=pred.optimizer_s, measured_comm_s=ledger_s,
+            measured_spread_s=r["step_time_max_s"] - r["step_time_min_s"], **common,
+        ))  # fmt: skip
+        rows.append(dict(
+            key=f"{key}: peak memory (MiB)", series="peak memory (MiB)", ours=pred.memory.total_bytes / MiB,
+            expected=r["rss_growth_bytes"] / MiB, model_states_mib=pred.memory.model_state_bytes / MiB,
+            activations_mib=pred.memory.activation_bytes / MiB, buffers_mib=pred.memory.buffer_bytes / MiB,
+            **common,
+        ))  # fmt: skip
+    df = pd.DataFrame(rows)
+    df["paper"] = None  # not a paper artifact: the reference is the measurement (`expected`)
+    df["error_pct"] = 100 * (df.ours - df.expected) / df.expected
+    return df
