@@ -42,7 +42,7 @@ class HardwareProfile:
     elementwise_table: tuple = ()  # ((tensor bytes, bytes/s read + written), ...): element-wise kernels
     adam_s_per_param: float = 0.0  # seconds of the optimizer step per fp32 parameter updated
     collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
-    ranks_share_compute: bool = False  # CPU: the ranks of one host split its cores (and its GEMM rate)
+    ranks_share_compute: bool = False  # a CPU host: its ranks split its cores (and GEMM rate) and compute in fp32
     # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
     reserve_bytes: float | None = None

@@ -87,10 +87,11 @@ def layer_activation_bytes(
     return (s * b * h * (10 + 24 / mp) + scores) * act_bytes / 2
 
 
-def activation_dtype_bytes(precision: PrecisionConfig) -> int:
-    """Bytes per activation element: the compute dtype's (fp32 on CPU whatever the storage,
-    config.PrecisionConfig; the storage dtype on GPU)."""
-    return 4 if precision.device == "cpu" else precision.bytes_pgk[0]
+def activation_dtype_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
+    """Bytes per activation element: the compute dtype's. A CPU host computes in fp32 whatever the
+    storage (config.PrecisionConfig); a GPU in the storage dtype. The hardware decides, not the
+    precision's device field: a GPU profile modelled from a CPU command line is still a GPU."""
+    return 4 if hw.ranks_share_compute else precision.bytes_pgk[0]
 
 
 def breakdown(
@@ -102,7 +103,7 @@ def breakdown(
     cal: Calibration,
     attention: str = "materialized",
 ) -> MemoryBreakdown:
-    p_bytes = activation_dtype_bytes(precision)
+    p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
     layer = layer_activation_bytes(model, b, mp, p_bytes, attention)

@@ -85,7 +85,7 @@ def predict(
     b, ga, mp = train.micro_batch, train.grad_accum, parallel.mp
     recompute = parallel.checkpoint_activations
     _, g_bytes, _ = precision.bytes_pgk
-    act_bytes = activation_dtype_bytes(precision)
+    act_bytes = activation_dtype_bytes(precision, hw)
     share = parallel.world_size if hw.ranks_share_compute else 1  # CPU ranks split the host's cores
     mem = breakdown(model, parallel, precision, b, hw, cal, attention)
     comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share)
