@@ -42,7 +42,8 @@ class PartitionedGradients:
         staging = self.staging.get(bucket.index)
         if staging is None:  # the parameters fill [0, numel) of it; only the padding is zeroed
             staging = self.staging[bucket.index] = self.pool.take(bucket.padded)
-            staging[bucket.numel :].zero_()
+            if bucket.padded > bucket.numel:
+                staging[bucket.numel :].zero_()
         lo = slot.offset - bucket.start
         staging[lo : lo + slot.numel].copy_(grad)
 

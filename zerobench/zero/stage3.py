@@ -121,7 +121,8 @@ class Stage3(ZeroEngine):
                 parts[i].append(self.params[j].reshape(-1)[lo - offset : hi - offset].to(dtype))
             for (lo, hi), mine in zip(ranges, parts):
                 done = sum(t.numel() for t in mine)
-                mine.append(torch.zeros(hi - lo - done, dtype=dtype, device=self.device))
+                if done < hi - lo:
+                    mine.append(torch.zeros(hi - lo - done, dtype=dtype, device=self.device))
             self.shard = torch.cat([t for mine in parts[: self.managed] for t in mine] or [torch.zeros(0, dtype=dtype)])
             self.whole = {b.index: torch.cat(parts[b.index]) for b in buckets[self.managed :]}
         self._shard_pieces = list(self.shard.split([b.chunk for b in buckets[: self.managed]]))
