@@ -55,3 +55,22 @@ def test_coalesce_joins_only_pieces_that_follow_one_another_in_one_storage():
     assert torch.equal(joined[0], flat) and torch.equal(joined[3], other)
     strided = flat[::2]  # not contiguous: left alone
     assert coalesce([strided, flat[5:]])[0] is strided
+
+
+def test_buffer_pool_reuses_by_length_until_cleared_and_never_under_fake_tensors():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from zerobench.zero.buffers import BufferPool
+
+    pool = BufferPool(torch.float32, torch.device("cpu"))
+    a = pool.take(8)
+    pool.give(a)
+    assert pool.take(4) is not a and pool.take(8) is a  # by length; handed out once
+    pool.give(a)
+    pool.clear()
+    assert pool.take(8) is not a
+    with FakeTensorMode():
+        fake = BufferPool(torch.float32, torch.device("cpu"))
+        b = fake.take(8)
+        fake.give(b)
+        assert not fake.active and fake.take(8) is not b

@@ -11,11 +11,15 @@ M_D: long-lived tensors (checkpoints, gradients) written into buffers allocated 
 tensor per layer per step. `AllocationCounter` counts the tensors the operators of a region
 allocate (outputs whose storage is new), on any device, so runs with and without M_D can be
 compared on a CPU.
+
+`BufferPool`: the engine's own reuse of freed bucket buffers on CPU, where PyTorch has no caching
+allocator.
 """
 
 from __future__ import annotations
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -46,3 +50,31 @@ class AllocationCounter(TorchDispatchMode):
                     self.count += 1
                     self.bytes += t.untyped_storage().nbytes()
         return out
+
+
+class BufferPool:
+    """Freed 1-D buffers kept by length and dtype and handed out again, until `clear()`. Active for
+    real CPU tensors only: PyTorch's CPU allocator keeps no cache, so every large tensor is fresh
+    memory from the OS, page-faulted in on first write (the kernel zeroes each 4 KiB page), and
+    stage 3 allocates ~3Ψ elements of bucket buffers per micro-batch (gathers twice, gradient
+    staging once). CUDA's caching allocator already reuses freed blocks; a traced step (fake
+    tensors) allocates nothing. What the pool holds is what a caching allocator reserves: freed,
+    not in use; the engine clears it at the end of forward and of backward."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device):
+        self.dtype, self.device = dtype, device
+        self.active = device.type == "cpu" and not isinstance(torch.empty(0, device=device), FakeTensor)
+        self._free: dict[int, list[torch.Tensor]] = {}
+
+    def take(self, numel: int) -> torch.Tensor:
+        """A buffer of `numel` elements, contents undefined."""
+        free = self._free.get(numel)
+        return free.pop() if free else torch.empty(numel, dtype=self.dtype, device=self.device)
+
+    def give(self, t: torch.Tensor) -> None:
+        """Take back `t`, which nothing else may use any more."""
+        if self.active:
+            self._free.setdefault(t.numel(), []).append(t)
+
+    def clear(self) -> None:
+        self._free.clear()

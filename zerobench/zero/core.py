@@ -15,6 +15,7 @@ import torch
 from zerobench.comms import Comms, Handle
 from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.parallel.topology import Group, ParallelContext
+from zerobench.zero.buffers import BufferPool
 from zerobench.zero.optimizer import LossScaler, ShardedAdam, clip_, global_grad_norm
 from zerobench.zero.partition import Bucket, FlatLayout, Slot, counted_ranges
 
@@ -42,13 +43,15 @@ def gather_updated(comms: Comms, flat: torch.Tensor, bucket: Bucket, dp: Group) 
 
 
 class FullGradients:
-    """A gradient buffer as long as the flat parameters (stages 0 and 1). Backward writes each
-    gradient into its slot and micro-batches accumulate there; the first micro-batch of a step
-    overwrites last step's values, so there is no Ψ-element memset per step."""
+    """A gradient buffer as long as the flat parameters (stages 0 and 1); `pieces` are its `owned`
+    ranges, what the optimizer reads. Backward writes each gradient into its slot and micro-batches
+    accumulate there; the first micro-batch of a step (`fresh`) overwrites last step's values, so
+    there is no Ψ-element memset per step."""
 
-    def __init__(self, layout: FlatLayout, dtype, device):
+    def __init__(self, layout: FlatLayout, owned: list[tuple[int, int]], dtype, device):
         self.flat = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
-        self.fresh = True  # nothing accumulated since the last step
+        self.pieces = [self.flat[lo:hi] for lo, hi in owned]
+        self.fresh = True
 
     def take(self, slot: Slot, grad: torch.Tensor) -> None:
         piece = self.flat[slot.offset : slot.offset + slot.numel]
@@ -63,11 +66,12 @@ class ZeroEngine:
     `full_parameters`, `sync_parameters`, `transient_states`, and what a checkpoint reads
     (`layout`, `owned`, `optimizer`, `scaler`, `stage`, `ctx`, `dtype`, `device`).
 
-    A stage's constructor runs `__init__` (common fields only), builds its layout and storage, then
-    `_attach`, which makes the optimizer over the pieces it owns and hooks every parameter. Nothing
-    here calls into the stage before that. In backward the hooks hand each gradient to the stage's
-    `_take(slot, grad)` and each complete bucket to its `_reduce(bucket)`; after the step, `_send(i)`
-    brings owned piece i to the ranks that need it."""
+    A stage's constructor runs `__init__` (common fields only), builds its layout, parameter storage
+    and gradients (`grads`: FullGradients, or stage2.PartitionedGradients), then `_attach`, which
+    makes the optimizer over the pieces it owns and hooks every parameter. Nothing here calls into
+    the stage before that. In backward the hooks hand each gradient to `grads.take` and each
+    complete bucket to the stage's `_reduce(bucket)`; in the step, `_send(i)` brings updated piece
+    i to the ranks that need it."""
 
     stage: int
 
@@ -88,13 +92,21 @@ class ZeroEngine:
         self.params = [p for _, p in self.named]
         self.device = self.params[0].device
         self.scaler = LossScaler(precision.loss_scaling, precision.initial_loss_scale, precision.loss_scale_window)
+        self.pool = BufferPool(self.dtype, self.device)  # freed bucket buffers, reused within a pass
         self._in_flight: deque = deque()  # (handle, finish) of the reductions under way, in issue order
         self._reduce_now = True
 
-    def _attach(self, layout: FlatLayout, owned, param_pieces, grad_pieces, partitioned: bool) -> None:
-        """The optimizer over `param_pieces` (flat [lo, hi) `owned`), the gradients it reads
-        (`grad_pieces`), and the hooks. `partitioned`: the gradient is split over DP."""
-        self.layout, self.owned, self.grad_pieces = layout, owned, grad_pieces
+    def _flat(self) -> FlatLayout:
+        """Stages 0–2: the parameters packed in order into C_B buckets and moved into one flat
+        buffer, `flat_param`; returns the layout."""
+        layout = packed_layout(self.named, self.ctx.dp.size, self.parallel.bucket_bytes, self.dtype)
+        self.flat_param = place_flat(self.params, layout, self.dtype, self.device)
+        return layout
+
+    def _attach(self, layout: FlatLayout, owned, param_pieces, grads, partitioned: bool) -> None:
+        """The optimizer over `param_pieces` (flat [lo, hi) `owned`) reading `grads.pieces`, and
+        the hooks. `partitioned`: the gradient is split over DP."""
+        self.layout, self.owned, self.grads, self.grad_pieces = layout, owned, grads, grads.pieces
         self.optimizer = ShardedAdam(param_pieces, self.train)
         # Norms and overflow flags sum over the groups the gradient is split across: DP once it is
         # partitioned, and MP (the paper's N_d × N_m), where replicated parameters count on MP
@@ -108,7 +120,7 @@ class ZeroEngine:
 
     def _hook(self, slot: Slot, bucket: Bucket):
         def hook(p: torch.Tensor) -> None:
-            self._take(slot, p.grad.reshape(-1))
+            self.grads.take(slot, p.grad.reshape(-1))
             p.grad = None
             self._pending[bucket.index] -= 1
             if self._pending[bucket.index] == 0 and self._reduce_now:
@@ -117,12 +129,15 @@ class ZeroEngine:
         return hook
 
     def _backward(self, loss: torch.Tensor, reduce: bool) -> None:
-        """Backward of one micro-batch's mean loss, scaled by 1/grad_accum (and the loss scale);
-        with `reduce`, each bucket's reduction starts once its gradients are complete."""
+        """Backward of one micro-batch's mean loss, scaled by 1/(grad_accum·N_d) (and the loss
+        scale): the sum that the reductions compute is then the average, with no division pass
+        over the gradients. With `reduce`, each bucket's reduction starts once it is complete."""
         self._reduce_now = reduce
         self._pending = [len(b.slots) for b in self.layout.buckets]
-        (loss * (self.scaler.scale / self.train.grad_accum)).backward()
+        (loss * (self.scaler.scale / (self.train.grad_accum * self.ctx.dp.size))).backward()
         self._drain(0)
+        self.grads.fresh = False
+        self.pool.clear()
 
     def _drain(self, keep: int) -> None:
         """Wait for the oldest reductions until at most `keep` are in flight."""
@@ -131,10 +146,11 @@ class ZeroEngine:
             handle.wait()
             finish()
 
-    def _update(self) -> bool:
+    def step(self) -> bool:
         """Unscale, check overflow, clip by the global norm, Adam on the owned pieces, each piece
-        sent (`_send`) while Adam works on the next. False when an fp16 overflow skipped the step."""
-        # fp32 views are clipped in place (the stage clears them after the step); 16-bit ones are upcast.
+        sent (`_send`) while Adam works on the next. False when an fp16 overflow skipped the step.
+        The next backward overwrites the gradients."""
+        # fp32 views are clipped in place (the next backward overwrites them); 16-bit ones are upcast.
         grads = [g if g.dtype == torch.float32 else g.float() for g in self.grad_pieces]
         if self.scaler.enabled:
             for g in grads:
@@ -150,6 +166,7 @@ class ZeroEngine:
             self.optimizer.step(grads, after_piece=lambda i: sends.append(self._send(i)))
             for handle in sends:
                 handle.wait()
+        self.grads.fresh = True
         return not overflow
 
     def _send(self, i: int) -> Handle:

@@ -18,6 +18,7 @@ import torch
 from zerobench.comms import Comms
 from zerobench.config import ConfigError, ParallelConfig
 from zerobench.parallel.topology import Group
+from zerobench.zero.buffers import BufferPool
 from zerobench.zero.partition import FlatLayout
 
 
@@ -35,14 +36,13 @@ class GatheredBuckets:
         parallel: ParallelConfig,
         dp: Group,
         comms: Comms,
+        pool: BufferPool,
         names: list[str],
-        dtype: torch.dtype,
-        device: torch.device,
     ):
-        self.layout, self.shards, self.point, self.dp, self.comms, self.names = layout, shards, point, dp, comms, names
+        self.layout, self.shards, self.point, self.dp, self.comms = layout, shards, point, dp, comms
+        self.pool, self.names = pool, names
         self.prefetch_bytes, self.max_live_bytes = parallel.prefetch_bytes, parallel.max_live_bytes
-        self.dtype, self.device = dtype, device
-        self.sizes = [b.padded * self.dtype.itemsize for b in layout.buckets]  # bytes, gathered
+        self.sizes = [b.padded * pool.dtype.itemsize for b in layout.buckets]  # bytes, gathered
         self.buffers: dict[int, torch.Tensor] = {}  # gathered (or arriving) bucket buffers
         self._handles: dict[int, object] = {}  # their all-gathers still to wait for
         self.ready: set[int] = set()  # buckets asked for and pointed at
@@ -79,14 +79,14 @@ class GatheredBuckets:
         handle = self._handles.pop(b, None)
         if handle is not None:  # a prefetch nobody used may still be arriving
             handle.wait()
-        del self.buffers[b]
+        buf = self.buffers.pop(b)
         self.ready.discard(b)
         self.live_bytes -= self.sizes[b]
         self.point(b, None)
+        self.pool.give(buf)
 
     def _gather(self, b: int, prefetch: bool) -> None:
-        buf = torch.empty(self.layout.buckets[b].padded, dtype=self.dtype, device=self.device)
-        self.buffers[b] = buf
+        buf = self.buffers[b] = self.pool.take(self.layout.buckets[b].padded)
         self.live_bytes += self.sizes[b]
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
         self._handles[b] = self.comms.all_gather(buf, self.shards[b], self.dp, async_op=prefetch)

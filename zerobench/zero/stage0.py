@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.zero.core import FullGradients, ZeroEngine, packed_layout, place_flat
+from zerobench.zero.core import FullGradients, ZeroEngine
 
 
 class Stage0(ZeroEngine):
@@ -20,27 +20,14 @@ class Stage0(ZeroEngine):
 
     def __init__(self, model, ctx, parallel, precision, train, comms):
         super().__init__(model, ctx, parallel, precision, train, comms)
-        layout = packed_layout(self.named, ctx.dp.size, parallel.bucket_bytes, self.dtype)
-        self.flat_param = place_flat(self.params, layout, self.dtype, self.device)
-        self.grads = FullGradients(layout, self.dtype, self.device)
+        layout = self._flat()
         owned = [(b.start, b.start + b.padded) for b in layout.buckets]  # every bucket, whole
         pieces = [self.flat_param[lo:hi] for lo, hi in owned]
-        self._attach(layout, owned, pieces, [self.grads.flat[lo:hi] for lo, hi in owned], partitioned=False)
+        self._attach(layout, owned, pieces, FullGradients(layout, owned, self.dtype, self.device), partitioned=False)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         self._backward(loss, reduce=last_micro_batch)
-        self.grads.fresh = False
-
-    def _take(self, slot, grad: torch.Tensor) -> None:
-        self.grads.take(slot, grad)
 
     def _reduce(self, bucket) -> None:
-        buf, dp = self.grads.of(bucket), self.ctx.dp
-        handle = self.comms.all_reduce(buf, dp, async_op=True)
-        self._in_flight.append((handle, lambda: buf.div_(dp.size)))
-
-    def step(self) -> bool:
-        """Adam on every bucket, the same on every rank."""
-        ok = self._update()
-        self.grads.fresh = True
-        return ok
+        handle = self.comms.all_reduce(self.grads.of(bucket), self.ctx.dp, async_op=True)
+        self._in_flight.append((handle, lambda: None))

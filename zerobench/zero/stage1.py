@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from zerobench.comms import Handle
-from zerobench.zero.core import FullGradients, ZeroEngine, gather_updated, packed_layout, place_flat
+from zerobench.zero.core import FullGradients, ZeroEngine, gather_updated
 
 
 class Stage1(ZeroEngine):
@@ -23,31 +23,20 @@ class Stage1(ZeroEngine):
 
     def __init__(self, model, ctx, parallel, precision, train, comms):
         super().__init__(model, ctx, parallel, precision, train, comms)
-        layout = packed_layout(self.named, ctx.dp.size, parallel.bucket_bytes, self.dtype)
-        self.flat_param = place_flat(self.params, layout, self.dtype, self.device)
-        self.grads = FullGradients(layout, self.dtype, self.device)
-        owned = [b.owned(ctx.dp.rank) for b in layout.buckets]
+        layout = self._flat()
+        owned = [b.owned(ctx.dp.rank) for b in layout.buckets]  # this rank's chunk of each bucket
         pieces = [self.flat_param[lo:hi] for lo, hi in owned]
-        self._attach(layout, owned, pieces, [self.grads.flat[lo:hi] for lo, hi in owned], partitioned=True)
+        self._attach(layout, owned, pieces, FullGradients(layout, owned, self.dtype, self.device), partitioned=True)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         self._backward(loss, reduce=last_micro_batch)
-        self.grads.fresh = False
-
-    def _take(self, slot, grad: torch.Tensor) -> None:
-        self.grads.take(slot, grad)
 
     def _reduce(self, bucket) -> None:
-        dp = self.ctx.dp
-        dst = self.grad_pieces[bucket.index]  # this rank's chunk of the full buffer
-        out = torch.empty(bucket.chunk, dtype=self.dtype, device=self.device)
-        handle = self.comms.reduce_scatter(out, self.grads.of(bucket), dp, async_op=True)
-        self._in_flight.append((handle, lambda: dst.copy_(out.div_(dp.size))))
-
-    def step(self) -> bool:
-        ok = self._update()
-        self.grads.fresh = True
-        return ok
+        # The sum can't land in this rank's chunk of the full buffer directly: that chunk is also
+        # this rank's input to it.
+        dst, out = self.grad_pieces[bucket.index], self.pool.take(bucket.chunk)
+        handle = self.comms.reduce_scatter(out, self.grads.of(bucket), self.ctx.dp, async_op=True)
+        self._in_flight.append((handle, lambda: (dst.copy_(out), self.pool.give(out))))
 
     def _send(self, i: int) -> Handle:
         return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)

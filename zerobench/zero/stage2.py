@@ -17,7 +17,8 @@ import torch
 
 from zerobench.comms import Comms, Handle
 from zerobench.parallel.topology import Group
-from zerobench.zero.core import ZeroEngine, gather_updated, packed_layout, place_flat
+from zerobench.zero.buffers import BufferPool
+from zerobench.zero.core import ZeroEngine, gather_updated
 from zerobench.zero.partition import Bucket, FlatLayout, Slot
 
 MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter may be outstanding at once
@@ -25,29 +26,41 @@ MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter may be outstanding at once
 
 class PartitionedGradients:
     """This rank's gradient chunk of every bucket (`shard`, split into `pieces`), filled by
-    reduce-scattering each bucket's staged gradients on every micro-batch (stages 2 and 3)."""
+    reduce-scattering each bucket's staged gradients on every micro-batch (stages 2 and 3). The
+    first micro-batch of a step (`fresh`) reduce-scatters straight into the chunk, overwriting last
+    step's values; later ones into a buffer that is then added to it."""
 
-    def __init__(self, layout: FlatLayout, dp: Group, comms: Comms, dtype, device):
-        self.layout, self.dp, self.comms, self.dtype, self.device = layout, dp, comms, dtype, device
-        self.shard = torch.zeros(layout.shard_numel, dtype=dtype, device=device)
+    def __init__(self, layout: FlatLayout, dp: Group, comms: Comms, pool: BufferPool):
+        self.layout, self.dp, self.comms, self.pool = layout, dp, comms, pool
+        self.shard = torch.zeros(layout.shard_numel, dtype=pool.dtype, device=pool.device)
         self.pieces = list(self.shard.split([b.chunk for b in layout.buckets]))
         self.staging: dict[int, torch.Tensor] = {}  # bucket -> its gradients, until reduced
+        self.fresh = True
 
     def take(self, slot: Slot, grad: torch.Tensor) -> None:
         bucket = self.layout.buckets[slot.bucket]
         staging = self.staging.get(bucket.index)
-        if staging is None:
-            staging = self.staging[bucket.index] = torch.zeros(bucket.padded, dtype=self.dtype, device=self.device)
+        if staging is None:  # the parameters fill [0, numel) of it; only the padding is zeroed
+            staging = self.staging[bucket.index] = self.pool.take(bucket.padded)
+            if bucket.padded > bucket.numel:
+                staging[bucket.numel :].zero_()
         lo = slot.offset - bucket.start
         staging[lo : lo + slot.numel].copy_(grad)
 
     def reduce(self, bucket: Bucket) -> tuple[Handle, object]:
         """Start the bucket's reduce-scatter; returns its handle and what to run once it is done
-        (the average added into this rank's chunk). The staging buffer is freed with the handle."""
-        out = torch.empty(bucket.chunk, dtype=self.dtype, device=self.device)
-        handle = self.comms.reduce_scatter(out, self.staging.pop(bucket.index), self.dp, async_op=True)
-        dst, n = self.pieces[bucket.index], self.dp.size
-        return handle, lambda: dst.add_(out.div_(n))
+        (add the sum in, unless it went straight there; hand the buffers back to the pool)."""
+        dst, fresh, staging = self.pieces[bucket.index], self.fresh, self.staging.pop(bucket.index)
+        out = dst if fresh else self.pool.take(bucket.chunk)
+        handle = self.comms.reduce_scatter(out, staging, self.dp, async_op=True)
+
+        def finish() -> None:
+            if not fresh:
+                dst.add_(out)
+                self.pool.give(out)
+            self.pool.give(staging)
+
+        return handle, finish
 
 
 class Stage2(ZeroEngine):
@@ -55,27 +68,17 @@ class Stage2(ZeroEngine):
 
     def __init__(self, model, ctx, parallel, precision, train, comms):
         super().__init__(model, ctx, parallel, precision, train, comms)
-        layout = packed_layout(self.named, ctx.dp.size, parallel.bucket_bytes, self.dtype)
-        self.flat_param = place_flat(self.params, layout, self.dtype, self.device)
-        self.grads = PartitionedGradients(layout, ctx.dp, comms, self.dtype, self.device)
+        layout = self._flat()
         owned = [b.owned(ctx.dp.rank) for b in layout.buckets]
-        pieces = [self.flat_param[lo:hi] for lo, hi in owned]
-        self._attach(layout, owned, pieces, self.grads.pieces, partitioned=True)
+        grads = PartitionedGradients(layout, ctx.dp, comms, self.pool)
+        self._attach(layout, owned, [self.flat_param[lo:hi] for lo, hi in owned], grads, partitioned=True)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         self._backward(loss, reduce=True)
 
-    def _take(self, slot, grad: torch.Tensor) -> None:
-        self.grads.take(slot, grad)
-
     def _reduce(self, bucket) -> None:
         self._drain(MAX_IN_FLIGHT - 1)
         self._in_flight.append(self.grads.reduce(bucket))
-
-    def step(self) -> bool:
-        ok = self._update()
-        self.grads.shard.zero_()  # the next step's micro-batches accumulate into it again
-        return ok
 
     def _send(self, i: int) -> Handle:
         return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)

@@ -88,13 +88,13 @@ class Stage3(ZeroEngine):
         )
         self.layout = layout
         self._place(layout)
-        self.grads = PartitionedGradients(layout, dp, comms, self.dtype, self.device)
+        grads = PartitionedGradients(layout, dp, comms, self.pool)
         owned = [b.owned(dp.rank) for b in layout.buckets]
         r = dp.rank
         persistent = [self.whole[b.index][r * b.chunk : (r + 1) * b.chunk] for b in layout.buckets[self.managed :]]
-        self._attach(layout, owned, self._shard_pieces + persistent, self.grads.pieces, partitioned=True)
+        self._attach(layout, owned, self._shard_pieces + persistent, grads, partitioned=True)
         self.gathered = GatheredBuckets(
-            layout, self._shard_pieces, self._point, parallel, dp, comms, self.bucket_names, self.dtype, self.device
+            layout, self._shard_pieces, self._point, parallel, dp, comms, self.pool, self.bucket_names
         )
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._uses: dict[int, int] = {}  # forward: calls of the owning module under way
@@ -121,7 +121,8 @@ class Stage3(ZeroEngine):
                 parts[i].append(self.params[j].reshape(-1)[lo - offset : hi - offset].to(dtype))
             for (lo, hi), mine in zip(ranges, parts):
                 done = sum(t.numel() for t in mine)
-                mine.append(torch.zeros(hi - lo - done, dtype=dtype, device=self.device))
+                if done < hi - lo:
+                    mine.append(torch.zeros(hi - lo - done, dtype=dtype, device=self.device))
             self.shard = torch.cat([t for mine in parts[: self.managed] for t in mine] or [torch.zeros(0, dtype=dtype)])
             self.whole = {b.index: torch.cat(parts[b.index]) for b in buckets[self.managed :]}
         self._shard_pieces = list(self.shard.split([b.chunk for b in buckets[: self.managed]]))
@@ -150,6 +151,7 @@ class Stage3(ZeroEngine):
 
     def _end_forward(self, module, args, output) -> None:
         self._saved_hooks.__exit__(None, None, None)
+        self.pool.clear()  # what backward gathers first (the root, the last block) is not what forward freed last
 
     def _pre_hook(self, b: int):
         def hook(module, args) -> None:
@@ -198,9 +200,7 @@ class Stage3(ZeroEngine):
         finally:
             self._in_backward = False
         self.gathered.end_micro_batch()  # normally nothing left: released when their grads were reduced
-
-    def _take(self, slot, grad: torch.Tensor) -> None:
-        self.grads.take(slot, grad)
+        self.pool.clear()
 
     def _reduce(self, bucket) -> None:
         self._drain(MAX_IN_FLIGHT - 1)
@@ -209,11 +209,6 @@ class Stage3(ZeroEngine):
             self.gathered.release(bucket.index)
 
     # -- step -----------------------------------------------------------------------------------
-    def step(self) -> bool:
-        ok = self._update()
-        self.grads.shard.zero_()
-        return ok
-
     def _send(self, i: int) -> Handle:
         """Only persistent buckets are whole on every rank: gather their updated chunks."""
         whole = self.whole.get(i)
