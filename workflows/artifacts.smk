@@ -1,12 +1,21 @@
 # Records -> results/<artifact>.csv -> figures/<artifact>.png, and results/REPORT.md over them all.
+# Figures and tables are flagged for `snakemake --report report.html`: one category per artifact,
+# its sheet's claim as the caption (report/artifact.rst).
+
+CAPTION = "report/artifact.rst"
 
 
 rule table:
-    """An artifact's table: its trials' records, or the performance model's artifact function."""
+    """An artifact's table from its trials' records, joined to the sheet's trials."""
     input:
         runs=sheet_runs,
     output:
-        "results/{artifact}.csv",
+        report(
+            "results/{artifact}.csv",
+            caption=CAPTION,
+            category="{artifact}",
+            subcategory="table",
+        ),
     log:
         "results/logs/table_{artifact}.log",
     wildcard_constraints:
@@ -15,8 +24,12 @@ rule table:
         "envs/zerobench.yaml"
     params:
         kind=sheet_table,
+        sheet=sheet_path,
+        title=sheet_title,
+        claim=sheet_field("claim"),
+        paper=sheet_field("paper"),
     shell:
-        "python -m zerobench.cli table {params.kind} {input.runs} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli table {params.kind} {input.runs} --sheet {params.sheet} --out {output} > {log} 2>&1"
 
 
 rule plot:
@@ -24,7 +37,12 @@ rule plot:
     input:
         "results/{artifact}.csv",
     output:
-        "figures/{artifact}.png",
+        report(
+            "figures/{artifact}.png",
+            caption=CAPTION,
+            category="{artifact}",
+            subcategory="figure",
+        ),
     log:
         "results/logs/plot_{artifact}.log",
     wildcard_constraints:
@@ -34,6 +52,8 @@ rule plot:
     params:
         kind=sheet_table,
         title=sheet_title,
+        claim=sheet_field("claim"),
+        paper=sheet_field("paper"),
     shell:
         "python -m zerobench.cli plot {params.kind} {input} --title {params.title:q} --out {output} > {log} 2>&1"
 
@@ -46,7 +66,7 @@ rule report:
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
         figures=expand("figures/{artifact}.png", artifact=SHEETS),
     output:
-        "results/REPORT.md",
+        report("results/REPORT.md", category="summary", caption="report/workflow.rst"),
     log:
         "results/logs/report.log",
     conda:

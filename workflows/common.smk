@@ -1,40 +1,16 @@
-# Shared helpers: config and sheet validation, the trial space, trial ids and command-line flags.
-# No torch at parse time, so dry runs and lint stay light.
-from itertools import product
+# Shared helpers: config and sheet validation, the trial space, trial ids and command-line flags
+# (zerobench/sheets.py: pure Python, so dry runs and lint stay light).
 from pathlib import Path
 
 import yaml
 from snakemake.utils import validate
 
+from zerobench import sheets as zs
+
 validate(config, schema="schemas/config.schema.yaml")
 
 # Sheets resolve against the repository, not --directory, so a smoke run can write elsewhere.
 SHEET_DIR = Path(workflow.basedir) / "workflows" / "config" / "sheets"
-
-# Trial field -> (tag in the trial id, flag of `zerobench run|trace|model`), in id order.
-FIELDS = {
-    "model": ("", "--model"),
-    "layers": ("L", "--layers"),
-    "hidden": ("h", "--hidden"),
-    "heads": ("a", "--heads"),
-    "seq": ("s", "--seq"),
-    "vocab": ("v", "--vocab"),
-    "gpus": ("g", "--gpus"),
-    "dp": ("dp", "--dp"),
-    "mp": ("mp", "--mp"),
-    "stage": ("z", "--stage"),
-    "precision": ("", "--precision"),
-    "micro_batch": ("b", "--micro-batch"),
-    "grad_accum": ("ga", "--grad-accum"),
-    "checkpoint_activations": ("ckpt", "--checkpoint-activations"),
-    "bucket_mb": ("cb", "--bucket-mb"),
-    "steps": ("n", "--steps"),
-    "warmup": ("w", "--warmup"),
-    "seed": ("seed", "--seed"),
-    "data": ("", "--data"),
-    "mem_cap_mb": ("cap", "--mem-cap-mb"),
-    "hardware": ("", "--hardware"),
-}
 
 
 def load_sheet(name):
@@ -46,82 +22,65 @@ def load_sheet(name):
         sheet = yaml.safe_load(f)
     try:
         validate(sheet, schema="schemas/sheet.schema.yaml")
+        zs.check_sheet(sheet, path.name)
     except Exception as exc:
         raise ValueError(f"sheet {path}: {exc}") from exc
     return sheet
 
 
-def expand_group(group, smoke):
-    """The trials of one group: base settings times the grid (smoke overrides applied)."""
-    base, grid = dict(group.get("base", {})), dict(group.get("grid", {}))
-    override = group.get("smoke", {})
-    if smoke and override is False:
-        return []
-    if smoke:
-        for key, value in override.get("base", {}).items():
-            base[key] = value
-            grid.pop(key, None)
-        for key, values in override.get("grid", {}).items():
-            grid[key] = values
-            base.pop(key, None)
-    combos = product(*grid.values())
-    return [
-        dict(source=group["source"], **base, **dict(zip(grid, combo)))
-        for combo in combos
-    ]
-
-
-def trial_id(trial):
-    """A readable, unique name: the source, then each set field as tag + value."""
-    parts = []
-    for name, (tag, _) in FIELDS.items():
-        value = trial.get(name)
-        if value is None or value is False:
-            continue
-        if value is True:
-            parts.append(tag)
-        else:
-            parts.append(f"{tag}{Path(str(value)).stem if name == 'data' else value}")
-    return f"{trial['source']}_" + "-".join(parts)
-
-
+# A measured or traced trial is a job of its own: results/runs/<trial id>.json. A modelled group
+# is one job that writes one record per trial into results/runs/<artifact>.g<index>/.
 SHEETS = {name: load_sheet(name) for name in config["sheets"]}
-SHEET_TRIALS = {}
+SHEET_INPUTS = {}
 TRIALS = {}
+GROUPS = {}
 for _name, _sheet in SHEETS.items():
-    _ids = []
-    for _group in _sheet.get("trials", []):
-        for _trial in expand_group(_group, config["smoke"]):
-            TRIALS[trial_id(_trial)] = _trial
-            _ids.append(trial_id(_trial))
-    SHEET_TRIALS[_name] = list(dict.fromkeys(_ids))
+    _inputs = []
+    for _index, _trials in enumerate(zs.sheet_trials(_sheet, config["smoke"])):
+        if _trials and _trials[0]["source"] == "modelled":
+            GROUPS[f"{_name}.g{_index}"] = _trials
+            _inputs.append(f"results/runs/{_name}.g{_index}")
+            continue
+        for _trial in _trials:
+            TRIALS[zs.trial_id(_trial)] = _trial
+            _inputs.append(f"results/runs/{zs.trial_id(_trial)}.json")
+    SHEET_INPUTS[_name] = list(dict.fromkeys(_inputs))
+
+
+def _trial(wildcards):
+    return TRIALS[f"{wildcards.source}_{wildcards.trial}"]
 
 
 def trial_flags(wildcards):
     """Command-line flags of one trial (world size from the sheet, never from resources)."""
-    trial = TRIALS[f"{wildcards.source}_{wildcards.trial}"]
-    flags = []
-    for name, (_, flag) in FIELDS.items():
-        value = trial.get(name)
-        if value is True:
-            flags.append(flag)
-        elif value is not None and value is not False:
-            flags.append(f"{flag} {value}")
-    return " ".join(flags)
-
-
-def world_size(wildcards):
-    trial = TRIALS[f"{wildcards.source}_{wildcards.trial}"]
-    return trial.get("gpus") or trial.get("dp", 1) * trial.get("mp", 1)
+    return " ".join(zs.trial_flags(_trial(wildcards)))
 
 
 def trial_gpus(wildcards):
     """GPUs a measured trial holds: its world size on a GPU cluster, none on CPU."""
-    return world_size(wildcards) if config["device"] == "cuda" else 0
+    return zs.world_size(_trial(wildcards)) if config["device"] == "cuda" else 0
+
+
+def group_trials(wildcards):
+    """A modelled group's trials, for the `model_group` job's params (a changed sheet reruns it)."""
+    return GROUPS[f"{wildcards.artifact}.g{wildcards.group}"]
+
+
+def trial_mpi(wildcards):
+    """SLURM plugin's `mpi` resource: `<launcher> -n <world>` (config `launcher`, e.g. srun)
+    starts one task per rank of a multi-rank trial; "" runs the command once, and zerobench
+    starts the ranks itself.
+    """
+    world, launch = world_size(wildcards), config["launcher"]
+    return f"{launch} -n {world}" if launch and world > 1 else ""
 
 
 def sheet_runs(wildcards):
-    return [f"results/runs/{trial}.json" for trial in SHEET_TRIALS[wildcards.artifact]]
+    return SHEET_INPUTS[wildcards.artifact]
+
+
+def sheet_path(wildcards):
+    return str(SHEET_DIR / f"{wildcards.artifact}.yaml")
 
 
 def sheet_table(wildcards):
@@ -132,6 +91,11 @@ def sheet_title(wildcards):
     return SHEETS[wildcards.artifact]["title"]
 
 
+def sheet_field(field):
+    """The artifact's sheet's `field` (claim, paper) as a params function: report captions."""
+    return lambda wildcards: SHEETS[wildcards.artifact][field]
+
+
 def sheet_files(wildcards):
     return [str(SHEET_DIR / f"{name}.yaml") for name in SHEETS]
 
@@ -140,6 +104,7 @@ wildcard_constraints:
     source="measured|traced|modelled",
     trial=r"[A-Za-z0-9.~-][A-Za-z0-9._~-]*",
     artifact=r"[a-z0-9_]+",
+    group=r"[0-9]+",
 
 
 # -- the peers comparison (workflows/peers.smk) ----------------------------------------------

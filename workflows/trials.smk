@@ -1,5 +1,7 @@
-# One trial = one record, results/runs/<source>_<trial-id>.json. Out of memory, infeasible and
-# over the time limit are records with that status (exit 0); anything else fails the job, log kept.
+# One trial = one record: results/runs/<source>_<trial-id>.json for a measured or traced trial,
+# results/runs/<artifact>.g<index>/<source>_<trial-id>.json for a modelled group's trials. Out of
+# memory, infeasible and over the time limit are records with that status (exit 0); anything else
+# fails the job, log kept.
 
 
 rule run_trial:
@@ -16,6 +18,8 @@ rule run_trial:
         "envs/zerobench.yaml"
     resources:
         gpu=trial_gpus,
+        tasks=world_size,
+        mpi=trial_mpi,
         runtime=lambda wc, attempt: 30 * attempt,
         mem_mb=16000,
         trial_slots=1,
@@ -24,7 +28,7 @@ rule run_trial:
         device=config["device"],
         time_limit=config["time_limit_s"],
     shell:
-        "python -m zerobench.cli run {params.flags} --device {params.device}"
+        "{resources.mpi} python -m zerobench.cli run {params.flags} --device {params.device}"
         " --time-limit {params.time_limit} --out {output} > {log} 2>&1"
 
 
@@ -47,17 +51,19 @@ rule trace_trial:
         "python -m zerobench.cli trace {params.flags} --out {output} > {log} 2>&1"
 
 
-rule model_trial:
-    """A modelled trial: one point of the calibrated performance model."""
+rule model_group:
+    """A modelled group of a sheet: every trial through the performance model in one process, one
+    record per trial (a process per trial would spend its time importing)."""
     output:
-        "results/runs/{source}_{trial}.json",
+        directory("results/runs/{artifact}.g{group}"),
     log:
-        "results/logs/{source}_{trial}.log",
-    wildcard_constraints:
-        source="modelled",
+        "results/logs/{artifact}.g{group}.log",
     conda:
         "envs/zerobench.yaml"
     params:
-        flags=trial_flags,
+        sheet=sheet_path,
+        smoke="--smoke" if config["smoke"] else "",
+        trials=group_trials,
     shell:
-        "python -m zerobench.cli model {params.flags} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli sweep {params.sheet} --group {wildcards.group} {params.smoke}"
+        " --outdir {output} > {log} 2>&1"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from zerobench.cli_args import configs, hardware_args, mib, model_args, parallel_args, train_args
 from zerobench.config import ConfigError
+from zerobench.fit_search import policy_args
+from zerobench.sweep import sweep_args
 
 
 def _trial_spec(args):
@@ -25,15 +27,24 @@ def _trial_spec(args):
 
 
 def cmd_run(args) -> int:
-    if args.time_limit:
-        configs(args)  # refuse a bad configuration here, without importing torch in this process
-        record = _run_with_time_limit(args, args.time_limit)
-    else:
-        from zerobench.launch import run_trial
+    from zerobench.fit_search import searched
 
-        record = run_trial(_trial_spec(args))
+    record = searched(args, _run_once)
+    if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
+        from zerobench.results import write_record
+
+        write_record(record, args.out)
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
+
+
+def _run_once(args) -> dict:
+    if args.time_limit:
+        configs(args)  # refuse a bad configuration here, without importing torch in this process
+        return _run_with_time_limit(args, args.time_limit)
+    from zerobench.launch import run_trial
+
+    return run_trial(_trial_spec(args))
 
 
 def _run_with_time_limit(args, limit: float) -> dict:
@@ -43,11 +54,13 @@ def _run_with_time_limit(args, limit: float) -> dict:
     import signal
     import subprocess
 
+    from zerobench.fit_search import pinned
     from zerobench.results import read_record, write_record
 
     if not args.out:
         raise ConfigError("time_limit: needs --out (the record is written there)")
-    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *args.argv, "--time-limit", "0"])
+    argv = [*args.argv, *pinned(args), "--time-limit", "0"]  # this attempt's sizes, no search of its own
+    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *argv])
     try:
         child.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -90,7 +103,7 @@ def _write_infeasible(args, exc: ConfigError) -> None:
 def cmd_table(args) -> int:
     from zerobench.tables import build
 
-    build(args.kind, args.records).to_csv(args.out, index=False)
+    build(args.kind, args.records, args.sheet).to_csv(args.out, index=False)
     return 0
 
 
@@ -122,11 +135,10 @@ def cmd_trace(args) -> int:
 
 
 def cmd_model(args) -> int:
-    model, parallel, precision, train = configs(args)
-    from zerobench.perfmodel import model_record
     from zerobench.results import write_record
+    from zerobench.sweep import modelled
 
-    record = model_record(model, parallel, precision, train, args.hardware, args.gpus_per_node)
+    record = modelled(args)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -192,17 +204,20 @@ def parser() -> argparse.ArgumentParser:
     for add in (model_args, parallel_args, train_args):
         add(run)
     run.add_argument("--out", help="write the record here (JSON)")
+    run.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective (or a step) may wait")
     run.add_argument("--save", metavar="DIR", help="write a sharded checkpoint here after the timed steps")
     run.add_argument("--resume", metavar="DIR", help="load this checkpoint (any dp, stage) and continue from it")
     run.add_argument("--data", default="synthetic", help="synthetic, or a text file / shipped corpus (byte tokens)")
     run.add_argument("--mem-cap-mb", type=float, help="per-rank budget (MiB); exceeding it is status oom")
     run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
+    policy_args(run)
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
     for add in (model_args, parallel_args, train_args):
         add(trace)
     trace.add_argument("--out", help="write the record here (JSON)")
+    trace.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
     trace.set_defaults(fn=cmd_trace)
     for name, fn, text in (
         ("model", cmd_model, "one modelled record from the performance model"),
@@ -215,8 +230,11 @@ def parser() -> argparse.ArgumentParser:
         hardware_args(s)
         if name == "model":
             s.add_argument("--out", help="write the record here (JSON)")
+            s.add_argument("--zero-os", action="store_true", help="P_os as ZeRO-OS (Feb 2020: no gradient copy)")
+            policy_args(s)
         s.set_defaults(fn=fn)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    sweep_args(sub.add_parser("sweep", help="a sheet's modelled groups in one process, one record per trial"))
     peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
     for add in (model_args, parallel_args, train_args):
         add(peers)
@@ -225,9 +243,12 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
     peers.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
     peers.set_defaults(fn=cmd_peers)
-    table = sub.add_parser("table", help="records (or a modelled artifact) -> one artifact's CSV")
-    table.add_argument("kind", help="memory, comm, loss, capacity, table1, or a modelled artifact (fig2, ...)")
-    table.add_argument("records", nargs="*", help="record JSON files")
+    table = sub.add_parser("table", help="records -> one artifact's CSV")
+    table.add_argument(
+        "kind", help="memory, comm, loss, capacity, superlinear, table1, sweep or a paper artifact (fig2, ...)"
+    )
+    table.add_argument("records", nargs="*", help="record JSON files, or directories of them (a modelled group's)")
+    table.add_argument("--sheet", help="the artifact's sheet (name or path): joins records to their trials")
     table.add_argument("--out", required=True, help="CSV to write")
     table.set_defaults(fn=cmd_table)
     plot = sub.add_parser("plot", help="an artifact's CSV -> PNG, with the paper's points overlaid")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench import faults, results
+from zerobench import faults, results, slurm_env
 from zerobench.parallel import topology
 from zerobench.train import measure
 from zerobench.trial import TrialSpec, short_error
@@ -79,6 +79,7 @@ def run_trial(spec: TrialSpec) -> dict:
     """Run one trial and return its record, which is also written to `spec.out` (if set)."""
     out = spec.out or str(Path(os.environ.get("TMPDIR", "/tmp")) / f"zerobench-{uuid.uuid4().hex}.json")
     spec = TrialSpec(**{**spec.__dict__, "out": out})
+    slurm_env.join(spec.parallel.world_size)  # a task of `srun -n W`: RANK, WORLD_SIZE... from SLURM's
     if under_launcher():
         worker(spec.to_dict())
         return results.read_record(out) if int(os.environ["RANK"]) == 0 else {}

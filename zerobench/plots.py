@@ -2,7 +2,9 @@
 
 Ours are filled markers labelled with their source (measured / traced / modelled), the paper's
 numbers hollow black markers labelled "paper", and the paper's formula a line where there is one.
-matplotlib's Agg backend; no torch import.
+This module draws the measured CPU experiments and dispatches the rest: the paper-scale artifacts
+in their paper's form (plot_paper.py) and the scaling plots (plot_scaling.py). matplotlib's Agg
+backend; no torch import.
 """
 
 from __future__ import annotations
@@ -124,13 +126,18 @@ def compare(df: pd.DataFrame, fig, source_label: str) -> None:
 
 def plot(kind: str, table: str, out: str, title: str = "") -> None:
     """Draw the figure of `kind` from the CSV `table` into the PNG `out`."""
+    # Imported here: those modules take their shared style from this one.
+    from zerobench.plot_paper import FIGURES
+    from zerobench.plot_scaling import fig3, superlinear
+
     df = pd.read_csv(table)
-    custom = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity}
-    wide = kind in ("memory", "loss", "capacity")
-    n = len(df) if kind not in custom else 0
-    fig = plt.figure(figsize=(13 if wide else 8, max(4.5, 0.17 * n + 1.5)))
-    if kind in custom:
-        custom[kind](df, fig)
+    draw = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "fig3": fig3,
+            "superlinear": superlinear, **FIGURES}  # fmt: skip
+    wide = kind in ("memory", "loss", "capacity", "fig3", "fig8", "superlinear", "table1", "today", "fig2", "table2")
+    tall = {"table1": 8, "today": 6.5}.get(kind, 5)
+    fig = plt.figure(figsize=(13 if wide else 8, tall if kind in draw else max(4.5, 0.17 * len(df) + 1.5)))
+    if kind in draw:
+        draw[kind](df, fig)
     else:
         compare(df, fig, "modelled")
     fig.suptitle(title, fontsize=10)

@@ -10,7 +10,7 @@ import pandas as pd
 import yaml
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
-SHOWN = ["key", "source", "status", "ours", "paper", "expected", "error_pct"]
+SHOWN = ["key", "source", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "vs_linear_pct"]
 
 
 def _num(v) -> str:
@@ -23,7 +23,8 @@ def _num(v) -> str:
 
 def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
-    head = "| " + " | ".join("error %" if c == "error_pct" else c for c in cols) + " |"
+    names = {"error_pct": "error %", "vs_linear_pct": "vs linear %"}
+    head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
     for _, r in df[cols].head(MAX_ROWS).iterrows():
         lines.append("| " + " | ".join(_num(r[c]) for c in cols) + " |")
@@ -82,6 +83,12 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     shown = _condense_loss(df) if "layout" in df else df
     if "kind" in shown:  # capacity: the per-stage summary first
         shown = pd.concat([shown[shown.kind != "trial"], shown[shown.kind == "trial"]])
+    if sheet["table"] == "superlinear":  # what the run saw, in words, whichever way it went
+        from zerobench.superlinear import seen
+
+        said = f"**Seen.** {seen(df)}\n\n**Verdict.** {line}"
+    else:
+        said = f"**Verdict.** {line}"
     text = "\n\n".join([
         f"## {sheet['title']}",
         f"**Paper.** {sheet['paper']}",
@@ -89,7 +96,7 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
         f"**Source:** {', '.join(sources) or '-'} · table `results/{name}.csv` · figure `figures/{name}.png`",
         f"![{name}](../figures/{name}.png)",
         _markdown(shown),
-        f"**Verdict.** {line}",
+        said,
     ])  # fmt: skip
     mape = "" if s["mape"] is None else f"{s['mape']:.2f}"
     worst = "" if s["max"] is None else f"{s['max']:.2f}"

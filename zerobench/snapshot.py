@@ -12,7 +12,7 @@ Writes are atomic: everything goes to ``<dir>.partial`` and is renamed to ``<dir
 manifest is complete. A missing, truncated, corrupted or mismatched file is refused with a
 `CheckpointError` naming the file, on every rank together (the checks: zerobench/snapshot_files.py).
 
-Engine interface used (ZeroEngine, and any engine with the same layout machinery): ``layout``
+Engine interface used (every stage's engine, `zerobench.zero.apply_zero`): ``layout``
 (FlatLayout), ``owned`` (flat [lo, hi) of each optimizer piece), ``optimizer`` (ShardedAdam),
 ``scaler`` (LossScaler), ``ctx``, ``stage``, ``dtype``, ``device`` and ``sync_parameters()``.
 """
@@ -31,18 +31,17 @@ import torch
 
 from zerobench.comms import Comms
 from zerobench.snapshot_files import FORMAT, MANIFEST, STATES, CheckpointError, check_sizes, read_manifest, read_shard
+from zerobench.zero.partition import intersect, overlaps
 
 
 # -- where each piece's elements belong ------------------------------------------------------------
 def _ranges(engine) -> list[tuple[str, int, int, int, int]]:
     """(name, start, end, piece, offset in piece) for every parameter range this rank owns."""
-    out = []
-    for i, (lo, hi) in enumerate(engine.owned):
-        for slot in engine.layout.slots:
-            a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
-            if a < b:
-                out.append((slot.name, a - slot.offset, b - slot.offset, i, a - lo))
-    return out
+    slots, owned = engine.layout.slots, engine.owned
+    return [
+        (slots[j].name, a - slots[j].offset, b - slots[j].offset, i, a - owned[i][0])
+        for i, j, a, b in overlaps(slots, owned)
+    ]
 
 
 def _writes_state(engine) -> bool:
@@ -198,8 +197,9 @@ def _fill(engine, d: Path, manifest: dict, same_world: bool) -> dict | None:
         pos = 0
         for name, s, e in spans:
             for a, b, i, o in wanted.get(name, ()):
-                lo, hi = max(a, s), min(b, e)
-                if lo < hi:
+                common = intersect((a, b), (s, e))
+                if common is not None:
+                    lo, hi = common
                     for key in STATES:
                         src = shard[key][pos + lo - s : pos + hi - s]
                         getattr(opt, key)[i][o + lo - a : o + hi - a].copy_(src)
@@ -220,7 +220,7 @@ def _offsets(spans) -> list[int]:
 
 
 def _overlaps(wanted: dict, name: str, s: int, e: int) -> bool:
-    return any(max(a, s) < min(b, e) for a, b, _, _ in wanted.get(name, ()))
+    return any(intersect((a, b), (s, e)) for a, b, _, _ in wanted.get(name, ()))
 
 
 # -- export ------------------------------------------------------------------------------------------

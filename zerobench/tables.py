@@ -4,16 +4,18 @@ Every table has the columns the report reads: `key`, `source` (measured / traced
 `status`, `ours`, `paper` (the paper's number where it has one for this point), `expected` (the
 paper's formula evaluated at our scale, where there is one), `error_pct` (against `paper` where
 present, else against `expected`) and `reference` (what the error is measured against). Paper
-numbers are references only. The performance model's artifacts (table2, fig2, ...) come from
-zerobench.perfmodel.artifacts and already carry ours / paper / error_pct. No torch import.
+numbers are references only. The paper's performance artifacts (table2, fig2, ...) are built by
+zerobench.paper_tables from their records and sheets. No torch import.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 
+from zerobench import sheets
 from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
 from zerobench.results import load_paper_reference, read_record
@@ -172,20 +174,68 @@ def table1() -> pd.DataFrame:
     )
 
 
-MEASURED = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity}
+def sweep(records: list[dict]) -> pd.DataFrame:
+    """A sweep of your own (README "Sweep your own"): one row per trial, what ran and how fast,
+    memory per GPU in GB; `oom` and `infeasible` trials are rows with their reason. No paper."""
+    rows = []
+    for r in records:
+        gb = {k: (r.get(f"{k}_bytes") or 0) / 1e9 for k in ("param", "grad", "optimizer", "activation")}
+        rows.append(dict(
+            key=f"{r.get('model')} g{r.get('world_size')} mp{r.get('mp')} z{r.get('stage')} {r.get('hardware') or ''}",
+            source=r["source"], status=r["status"], error=r.get("error"), model=r.get("model"),
+            num_params=r.get("num_params"), hardware=r.get("hardware"), gpus=r.get("world_size"), dp=r.get("dp"),
+            mp=r.get("mp"), stage=r.get("stage"), listed_micro_batch=r.get("listed_micro_batch", r.get("micro_batch")),
+            micro_batch=r.get("micro_batch"), max_micro_batch=r.get("max_micro_batch"), ours=r.get("tflops_per_gpu"),
+            paper=None, error_pct=None, reference="none (your sweep)", step_time_s=r.get("step_time_s"),
+            samples_per_s=r.get("samples_per_s"), model_states_gb=gb["param"] + gb["grad"] + gb["optimizer"],
+            activations_gb=gb["activation"], peak_gb=(r.get("peak_allocated_bytes") or 0) / 1e9,
+        ))  # fmt: skip
+    return pd.DataFrame(rows)
 
 
-def build(kind: str, paths: list[str]) -> pd.DataFrame:
-    """The table of `kind` from the record files at `paths` (or, for a modelled artifact, from the
-    performance model; for table1, from zerobench.table1)."""
-    if kind in MEASURED:
-        if not paths:
-            raise ValueError(f"table {kind}: needs record files")
-        return MEASURED[kind]([read_record(p) for p in paths])
+def superlinear(records: list[dict]) -> pd.DataFrame:
+    from zerobench.superlinear import table  # its own module, which takes STAGE_LABELS from here
+
+    return table(records)
+
+
+FROM_RECORDS = {
+    "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
+}  # fmt: skip
+
+
+def record_paths(paths: list[str]) -> list[Path]:
+    """Record files; a directory (a modelled group's) stands for the records in it, by name."""
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    return out
+
+
+def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame:
+    """The table of `kind` from the record files (or modelled groups' directories) at `paths`.
+    The paper's performance artifacts (zerobench.paper_tables) join each record to its trial in
+    `sheet` by file name (<trial id>.json) and keep the sheet's order; table1 comes from
+    zerobench.table1."""
+    from zerobench.paper_tables import BUILDERS
+
     if kind == "table1":
         return table1()
-    from zerobench.perfmodel.artifacts import ARTIFACTS
-
-    if kind not in ARTIFACTS:
-        raise ValueError(f"table {kind!r}: choose one of {sorted([*MEASURED, 'table1', *ARTIFACTS])}")
-    return ARTIFACTS[kind]()
+    if kind not in FROM_RECORDS and kind not in BUILDERS:
+        raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, 'table1', *BUILDERS])}")
+    files = record_paths(paths)
+    if not files:
+        raise ValueError(f"table {kind}: needs record files")
+    if sheet is None:
+        if kind in FROM_RECORDS:
+            return FROM_RECORDS[kind]([read_record(p) for p in files])
+        raise ValueError(f"table {kind}: needs --sheet (its trials say what each record was asked for)")
+    trials = sheets.trials_by_id(sheets.load_sheet(sheet))
+    unknown = [p.name for p in files if p.stem not in trials]
+    if unknown:
+        raise ValueError(f"table {kind}: records of no trial in {sheet}: {unknown[:3]}")
+    rank = {tid: i for i, tid in enumerate(trials)}
+    files.sort(key=lambda p: rank[p.stem])  # the sheet's order
+    if kind in FROM_RECORDS:
+        return FROM_RECORDS[kind]([read_record(p) for p in files])
+    return BUILDERS[kind]([(trials[p.stem], read_record(p)) for p in files])

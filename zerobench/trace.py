@@ -23,7 +23,6 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._pytree import tree_leaves
 
 from zerobench import memory
@@ -127,7 +126,8 @@ def fake_world(world_size: int):
     nothing; shapes and counts only)."""
     if dist.is_initialized():
         raise RuntimeError("trace: a process group is already initialized; trace in a process of its own")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    # No store: torch then makes the fake backend's own (and registers the backend) itself.
+    dist.init_process_group("fake", rank=0, world_size=world_size)
     try:
         yield
     finally:
@@ -146,18 +146,12 @@ def _state_tensors(engine) -> dict[str, list[torch.Tensor]]:
     }
 
 
-def _transient_states(engine):
-    """Model states the step allocates and frees (see StorageCounter)."""
-    yield from ((t, "grad") for t in getattr(engine, "_staging", {}).values())
-    yield from ((t, "param") for t in getattr(engine, "_buffers", {}).values())
-
-
 @contextmanager
 def traced_engine(spec: TrialSpec):
     """`build_engine(spec)` as rank 0 of a fake world, under fake tensors and a StorageCounter
     that has filed the engine's model states; yields (engine, ctx, comms, counter)."""
     holder = []
-    counter = StorageCounter(lambda: _transient_states(holder[0]) if holder else ())
+    counter = StorageCounter(lambda: holder[0].transient_states() if holder else ())
     with fake_world(spec.parallel.world_size):
         ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
         comms = Comms()

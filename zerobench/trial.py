@@ -16,6 +16,7 @@ and `run` and `peers` on `--device cpu` to fp32.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ def default_precision(device: str, computes: bool) -> str:
     return "fp32" if computes and device == "cpu" else "fp16"
 
 
+@functools.cache  # fixed for the process; a sweep writes thousands of records
 def versions() -> dict:
     out = {"python": platform.python_version()}
     for pkg in ("torch", "deepspeed"):
@@ -44,6 +46,7 @@ def versions() -> dict:
     return out
 
 
+@functools.cache
 def git_revision() -> str | None:
     try:
         root = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ from zerobench.comms import Comms
 from zerobench.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig, preset
 from zerobench.model import GPT, Linear
 from zerobench.parallel import topology
-from zerobench.zero.engine import ZeroEngine
-from zerobench.zero.stage3 import Stage3Engine
+from zerobench.zero.stage2 import Stage2
+from zerobench.zero.stage3 import Stage3
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 HIDDEN = 201  # the awkward preset's: LayerNorm tensors and the projections' biases have this many elements
@@ -35,19 +35,24 @@ def _check_parity(out: list[dict], spec) -> None:
         assert rel_err(r["params"], out[0]["params"]) == 0.0
 
 
-def _counters(engine: Stage3Engine) -> dict:
+def _order(engine: Stage3, forward_only: bool = False) -> list[str]:
+    """The recorded gather order, by bucket name."""
+    return [engine.bucket_names[b] for b, backward in engine.gathered.order if not (forward_only and backward)]
+
+
+def _counters(engine: Stage3) -> dict:
     """What the engine reports after a step (a probe for engine_run)."""
-    buckets = engine.layout.buckets
+    buckets, g = engine.layout.buckets, engine.gathered
     return {
-        "live": engine.live_gathered_bytes,
-        "peak": engine.peak_live_gathered_bytes,
-        "gathers": engine.gathers,
-        "prefetches": engine.prefetches,
-        "misses": engine.trace_misses,
+        "live": g.live_bytes,
+        "peak": g.peak_live_bytes,
+        "gathers": g.gathers,
+        "prefetches": g.prefetches,
+        "misses": g.misses,
         "packed": dict(engine.packed),
-        "order": engine.gather_order,
-        "forward_order": engine.forward_order,
-        "sizes": {name: engine.gathered_bytes(b) for b, name in enumerate(engine.bucket_names)},
+        "order": _order(engine),
+        "forward_order": _order(engine, forward_only=True),
+        "sizes": {name: g.sizes[b] for b, name in enumerate(engine.bucket_names)},
         "managed_padded": sum(b.padded for b in buckets[: engine.managed]),
         "persistent_padded": sum(b.padded for b in buckets[engine.managed :]),
         "persistent": [engine.layout.slots[i].name for b in buckets[engine.managed :] for i in b.slots],
@@ -251,7 +256,7 @@ def _toy_batch(step: int):
 def _train_chain(rank: int, orders: list[str]) -> dict:
     """Stage 3 on two ranks, each on half of the batch; step i runs in `orders[i]`."""
     parallel = ParallelConfig(dp=2, stage=3, max_live_bytes=BOUND)
-    engine = Stage3Engine(_Chain(), topology.build(2, 1), parallel, PrecisionConfig(), TrainConfig(), Comms())
+    engine = Stage3(_Chain(), topology.build(2, 1), parallel, PrecisionConfig(), TrainConfig(), Comms())
     for step, order in enumerate(orders):
         engine.model.order = order
         x, y = _toy_batch(step)
@@ -259,11 +264,11 @@ def _train_chain(rank: int, orders: list[str]) -> dict:
         engine.step()
     return {
         "names": engine.bucket_names,
-        "order": engine.gather_order,
-        "gathers": engine.gathers,
-        "prefetches": engine.prefetches,
-        "misses": engine.trace_misses,
-        "peak": engine.peak_live_gathered_bytes,
+        "order": _order(engine),
+        "gathers": engine.gathered.gathers,
+        "prefetches": engine.gathered.prefetches,
+        "misses": engine.gathered.misses,
+        "peak": engine.gathered.peak_live_bytes,
         "params": engine.full_parameters(),
     }
 
@@ -329,7 +334,7 @@ def test_bad_input_is_refused():
     with pytest.raises(ConfigError, match="max_live_bytes"):
         ParallelConfig(stage=3, max_live_bytes=0)
     ctx, args = topology.single_process(), (PrecisionConfig(), TrainConfig(), Comms())
-    with pytest.raises(ValueError, match="stage=2: Stage3Engine"):
-        Stage3Engine(GPT(preset("tiny")), ctx, ParallelConfig(stage=2), *args)
-    with pytest.raises(ValueError, match="stage=3: ZeroEngine"):
-        ZeroEngine(GPT(preset("tiny")), ctx, ParallelConfig(stage=3), *args)
+    with pytest.raises(ValueError, match="stage=2: Stage3 runs stage 3"):
+        Stage3(GPT(preset("tiny")), ctx, ParallelConfig(stage=2), *args)
+    with pytest.raises(ValueError, match="stage=3: Stage2 runs stage 2"):
+        Stage2(GPT(preset("tiny")), ctx, ParallelConfig(stage=3), *args)

@@ -77,8 +77,11 @@ def test_points_worse_than_25_percent_are_the_known_ones(frames):
 
 
 def test_fig3_superlinear_from_memory(frames):
-    from zerobench.perfmodel.paper_setups import FIG3_SWEEP
+    from zerobench.sheets import load_sheet, sheet_trials
 
+    sweep = {}  # GPUs -> the batches the authors' sweep files list (the fig3 sheet's trials)
+    for trial in (t for group in sheet_trials(load_sheet("fig3")) for t in group):
+        sweep.setdefault(trial["gpus"], []).append(trial["micro_batch"])
     df = frames["fig3"]
     per_gpu = df[df.series == "TFLOPS/GPU"].set_index("gpus")
     total = df[df.series == "total TFLOPS"].set_index("gpus")["ours"]
@@ -87,7 +90,7 @@ def test_fig3_superlinear_from_memory(frames):
     batches = per_gpu["micro_batch"].tolist()  # chosen by memory, not put in
     assert batches[0] < batches[1] <= max(batches)
     for gpus, run in per_gpu.iterrows():  # the largest of the authors' sweep that fits, never the paper's pick
-        assert run["micro_batch"] == max(g for g in FIG3_SWEEP[gpus] if g <= run["max_micro_batch"])
+        assert run["micro_batch"] == max(g for g in sweep[gpus] if g <= run["max_micro_batch"])
     assert per_gpu.loc[64, "max_micro_batch"] < 32  # the next sweep value does not fit at DP 4
 
 

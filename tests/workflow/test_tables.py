@@ -23,7 +23,12 @@ def record(stage: int, dp: int, precision: str = "bf16", **fields) -> dict:
 
 def test_memory_rows_compare_with_table1_and_formula():
     df = tables.memory([record(s, dp) for s in range(4) for dp in (1, 4)])
-    assert df.error_pct.abs().max() == pytest.approx(0, abs=0.3)  # Table 1 prints 41.3 for 41.25
+    # bytes per parameter at N_d = 4, by hand: 2 + 2 + 12, 2 + 2 + 12/4, 2 + 2/4 + 12/4, 16/4
+    at4 = df[df.dp == 4].set_index("stage")
+    assert at4.expected.tolist() == [16, 7, 5.5, 4] and at4.ours.tolist() == [16, 7, 5.5, 4]
+    # Table 1's 7.5B row at N_d = 4 as printed (GB): 120, 52.5, 41.3, 30
+    assert at4.paper.tolist() == pytest.approx([120 / 7.5, 52.5 / 7.5, 41.3 / 7.5, 30 / 7.5])
+    assert at4.error_pct.tolist() == pytest.approx([0, 0, 100 * (5.5 - 41.3 / 7.5) / (41.3 / 7.5), 0])
     row = df[(df.stage == 2) & (df.dp == 4)].iloc[0]
     assert row.ours == 5.5 and row.expected == 5.5  # 2 + 14/4 bytes per parameter
     assert row.paper == pytest.approx(41.3 / 7.5)  # Table 1's 7.5B cell, per parameter

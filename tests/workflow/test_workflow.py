@@ -1,6 +1,8 @@
 """The Snakemake workflow: lint, format, dry runs of the default and SLURM configurations, schema
 validation that names a mistyped key, and a real smoke run into a temporary directory (tiny
-models, dp <= 2, stages 0-3, paper-scale modelled rows) whose tables, figures and report parse."""
+models, dp <= 2, stages 0-3, paper-scale modelled rows) whose tables, figures and report parse,
+whose `snakemake --report` HTML holds every figure with its sheet's claim, and whose CI smoke
+benchmark (`snakemake smoke`) matches the committed baseline and fails on a changed number."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -36,9 +39,9 @@ def test_default_target_dry_run_plans_every_artifact(tmp_path):
     out = snakemake("-n", "--directory", str(tmp_path), "--workflow-profile", "workflows/profiles/local")
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
-    for rule in ("run_trial", "trace_trial", "model_trial", "table", "plot", "report"):
+    for rule in ("run_trial", "trace_trial", "model_group", "table", "plot", "report"):
         assert f"rule {rule}:" in text or f"\n{rule} " in text, rule
-    for artifact in ("fig1", "fig2", "fig9_loss", "capacity", "table1", "comm_volume", "today"):
+    for artifact in ("fig1", "fig2", "fig9_loss", "capacity", "table1", "comm_volume", "today", "superlinear"):
         assert f"figures/{artifact}.png" in text
 
 
@@ -72,6 +75,15 @@ def test_mistyped_sheet_key_fails_before_any_trial(tmp_path):
     assert not (repo / "results").exists()
 
 
+def test_mistyped_smoke_benchmark_key_fails_naming_it(tmp_path):
+    repo = _copy_workflow(tmp_path / "repo")
+    spec = repo / "workflows/config/smoke_benchmark.yaml"
+    spec.write_text(spec.read_text().replace("micro_batch: 2", "micro_bach: 2"))
+    out = snakemake("-n", "smoke", cwd=repo)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "micro_bach" in text and "smoke_benchmark.yaml" in text, text[-2000:]
+
+
 def test_mistyped_config_key_fails(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("sheets: [fig8]\ntime_limt_s: 5\n")
@@ -79,15 +91,50 @@ def test_mistyped_config_key_fails(tmp_path):
     assert out.returncode != 0 and "time_limt_s" in out.stdout + out.stderr
 
 
+def _check_html_report(tmp_path: Path) -> None:
+    """`snakemake --report`: one self-contained HTML with every figure, captioned by its sheet's claim."""
+    html = tmp_path / "report.html"
+    out = snakemake("--directory", str(tmp_path), *SMOKE, "--report", str(html))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "WARNING" not in out.stderr, out.stderr[-3000:]  # e.g. a caption docutils cannot parse
+    text = html.read_text()
+    smoke = yaml.safe_load((ROOT / "workflows/config/smoke.yaml").read_text())
+    for name in smoke["sheets"]:
+        claim = yaml.safe_load((ROOT / f"workflows/config/sheets/{name}.yaml").read_text())["claim"]
+        assert f"{name}.png" in text and f"{name}.csv" in text, name
+        assert " ".join(claim.split()[:6]) in text, name  # the caption: the sheet's claim
+
+
+def _check_smoke_benchmark(tmp_path: Path) -> None:
+    """`snakemake smoke` matched the committed baseline; a changed byte count or loss fails it."""
+    result = json.loads((tmp_path / "results/smoke.json").read_text())
+    assert result["ok"] and not result["differences"]
+    assert len(result["timing_ratios_not_gated"]) == 4  # stages 0-3, reported as ratios only
+    baseline = json.loads((ROOT / "workflows/config/smoke_baseline.json").read_text())
+    records = [str(tmp_path / f"results/runs/{name}.json") for name in baseline]
+    z3 = next(name for name in baseline if "z3" in name and name.startswith("measured"))
+    baseline[z3]["param_bytes"] += 2  # as if the engine kept one more bf16 element per rank
+    baseline[z3]["losses"][-1] *= 1 + 1e-4
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(baseline))
+    cmd = [sys.executable, "-m", "zerobench.smoke", *records, "--baseline", str(tampered), "--out", "/dev/null"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 1
+    assert f"/{z3}/param_bytes" in out.stderr and f"/{z3}/losses[2]" in out.stderr, out.stderr
+    assert out.stderr.count("CHANGED") == 2
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_parseable_results(tmp_path):
     out = snakemake(
         "--cores", "2", "--directory", str(tmp_path), *SMOKE, "--workflow-profile", "workflows/profiles/local",
-        timeout=600,
+        "all", "smoke", timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
-    runs = sorted((tmp_path / "results/runs").glob("*.json"))
-    assert {json.loads(p.read_text())["source"] for p in runs} == {"measured", "modelled"}
+    _check_html_report(tmp_path)
+    _check_smoke_benchmark(tmp_path)
+    runs = sorted((tmp_path / "results/runs").rglob("*.json"))  # modelled groups: one directory each
+    assert {json.loads(p.read_text())["source"] for p in runs} == {"measured", "modelled", "traced"}
     records = [json.loads(p.read_text()) for p in runs]
     capacity = [r for r in records if r.get("mem_cap_bytes")]
     assert {r["status"] for r in capacity} == {"ok", "oom"}  # the budget stops the 16-layer baseline

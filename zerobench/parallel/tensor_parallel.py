@@ -96,13 +96,10 @@ class Split:
 
 
 def mark_split(p: nn.Parameter, split: Split) -> nn.Parameter:
+    """`p.mp_split`: how MP splits p. A parameter without it is replicated over MP; ZeRO's global
+    gradient norm counts those once (zerobench.zero.partition.counted_ranges)."""
     p.mp_split = split
     return p
-
-
-def is_replicated(p: torch.Tensor) -> bool:
-    """True for a parameter every MP rank holds whole (its gradient is counted once in the norm)."""
-    return getattr(p, "mp_split", None) is None
 
 
 # -- the conjugate operators -------------------------------------------------------------------
@@ -257,19 +254,3 @@ def gather_full(
         comms.all_gather(flat, local.reshape(-1), mp_group)
         out[name] = split.assemble(list(flat.view(mp_group.size, *local.shape)))
     return out
-
-
-def counted_ranges(slots, owned: list[tuple[int, int]], params: list[torch.Tensor], tp_rank: int):
-    """For the global gradient norm across MP ranks: the [lo, hi) ranges inside each owned flat
-    piece that this rank counts — everything on MP rank 0, only MP-sharded parameters elsewhere, so
-    replicated parameters are counted once in total. Returns (piece index, lo, hi) triples, relative
-    to the piece; `slots` are a FlatLayout's slots (flat offset, numel) in `params` order."""
-    ranges = []
-    for i, (lo, hi) in enumerate(owned):
-        for slot, p in zip(slots, params):
-            if tp_rank > 0 and is_replicated(p):
-                continue
-            a, b = max(lo, slot.offset), min(hi, slot.offset + slot.numel)
-            if a < b:
-                ranges.append((i, a - lo, b - lo))
-    return ranges

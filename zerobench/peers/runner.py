@@ -1,10 +1,14 @@
 """`zerobench peers`: the same GPT, initial weights, data, global batch, precision and world size
 trained by our engine (stages 0–3) and by the systems people already use at the equivalent stage
 (DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed 0–3), one implementation at a time, each in its own
-spawned world. One `measured` row per implementation, with the ratios ours / peer."""
+spawned world. One `measured` row per implementation, with the ratios ours / peer, and a `floor`
+row first: a single rank at the same per-rank batch, with no communication (our engine at dp = 1,
+where every group has one rank and issues nothing), the compute every implementation must do.
+Each implementation's step time is also shown over that floor."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -18,7 +22,7 @@ COLUMNS = (
     "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s",
     "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes",
     "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
-    "time_ratio_ours_over", "rss_ratio_ours_over", "note",
+    "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "note",
     "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after",
 )  # fmt: skip
 
@@ -51,9 +55,26 @@ def _base_row(impl: str, spec) -> dict:
     }
 
 
-def run_one(impl: str, spec, log=print) -> dict:
-    """One implementation's row; a peer that cannot run here is a `skipped` row with the reason."""
+FLOOR = "floor"
+
+
+def floor_spec(spec):
+    """`spec` on a single rank at the same per-rank batch: dp = 1 (so the global batch is one
+    rank's), stage 0 — nothing to partition, nothing to communicate."""
+    return dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, dp=1, stage=0))
+
+
+def run_floor(spec, log=print) -> dict:
+    """The `floor` row: our engine on `floor_spec(spec)`."""
+    return run_one("ours-0", floor_spec(spec), log, name=FLOOR)
+
+
+def run_one(impl: str, spec, log=print, name: str | None = None) -> dict:
+    """One implementation's row (named `name`, if given, in place of `impl`, in a family of that
+    name); a peer that cannot run here is a `skipped` row with the reason."""
     row = _base_row(impl, spec)
+    if name is not None:
+        row.update(impl=name, family=name, stage=None)
     row["loadavg_before"] = round(os.getloadavg()[0], 2)
     try:
         row.update(summarise(measure(impl, spec), spec), status="ok")
@@ -63,17 +84,23 @@ def run_one(impl: str, spec, log=print) -> dict:
         row.update(status="error", error=f"{type(exc).__name__}: {str(exc).strip()[-400:]}")
     row["loadavg_after"] = round(os.getloadavg()[0], 2)
     log(
-        f"{impl:28s} {row['status']:8s} "
+        f"{row['impl']:28s} {row['status']:8s} "
         + (f"{row['step_time_s']:.3f} s/step" if row["status"] == "ok" else row["error"])
     )
     return row
 
 
 def compare(rows: list[dict]) -> list[dict]:
-    """Fill the loss agreement with ours (same stage, else our lowest) and ours / peer ratios."""
+    """Fill the loss agreement with ours (same stage, else our lowest), ours / peer ratios and
+    every step time over the floor's. The floor trains a different global batch: no loss check."""
     ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
+    floor = next((r for r in rows if r["family"] == FLOOR and r["status"] == "ok"), None)
     for r in rows:
         if r["status"] != "ok":
+            continue
+        if floor is not None:
+            r["time_over_floor"] = r["step_time_s"] / floor["step_time_s"]
+        if r is floor:
             continue
         ref = ours.get(r["stage"]) or ours.get(min(ours, default=None))
         if ref is None:
@@ -88,10 +115,11 @@ def compare(rows: list[dict]) -> list[dict]:
 
 
 def run_peers(spec, impls=None, log=print) -> list[dict]:
+    """The floor row, then one row per implementation, in order."""
     impls = list(impls or IMPLEMENTATIONS)
     for impl in impls:
         family(impl)  # an unknown name fails before anything runs
-    return compare([run_one(impl, spec, log) for impl in impls])
+    return compare([run_floor(spec, log)] + [run_one(impl, spec, log) for impl in impls])
 
 
 def write_csv(rows: list[dict], path) -> None:

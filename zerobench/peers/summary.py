@@ -20,34 +20,38 @@ def _fmt(x, spec: str, dash: str = "—") -> str:
 
 
 def peers_markdown(csv_path) -> str:
-    """One line per implementation, grouped by ZeRO stage: median step time [min–max], peak RSS
-    per rank, collective bytes per step, the loss agreement with ours and the ratios ours / peer."""
+    """One line per implementation, grouped by ZeRO stage, after the floor: median step time
+    [min–max], its ratio to the floor's, peak RSS per rank, collective bytes per step, the loss
+    agreement with ours and the ratios ours / peer."""
     df = _load(csv_path)
     if df.empty:
         return "_no peer rows_\n"
-    first = df.iloc[0]
+    peers = df[df["family"] != "floor"]
+    first = (peers if not peers.empty else df).iloc[0]
     head = (
         f"Measured on one machine, one implementation at a time: `{first['model']}` "
         f"({first['num_params'] / 1e6:.1f}M parameters), dp = {first['dp']}, {first['precision']}, "
         f"global batch {first['global_batch']}, {first['threads_per_rank']} thread per rank, median of "
-        f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}. Ratios are ours / peer "
-        f"at the same stage (< 1: ours faster or smaller). Load average (1 min) during the runs: "
+        f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}. The floor is one rank at "
+        f'the same per-rank batch with no communication (our engine at dp = 1); "/ floor" is each step time '
+        f"over it. Ratios are ours / peer at the same stage (< 1: ours faster or smaller). Load average "
+        f"(1 min) during the runs: "
         f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}.\n\n"
     )
     lines = [
-        "| stage | implementation | version | s/step (median [min–max]) | peak RSS/rank (GiB) "
+        "| stage | implementation | version | s/step (median [min–max]) | / floor | peak RSS/rank (GiB) "
         "| comm MB/step | max loss rel. diff vs ours | time ours/peer | RSS ours/peer |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, r in df.sort_values(["stage", "family"], key=_order).iterrows():
+    for _, r in df.sort_values(["stage", "family"], key=_order, na_position="first").iterrows():
+        stage = _fmt(r["stage"], ".0f")
         if r["status"] != "ok":
-            lines.append(
-                f"| {r['stage']} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | |"
-            )
+            lines.append(f"| {stage} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | | |")
             continue
         lines.append(
-            f"| {r['stage']} | {r['impl']} | {r['peer_version']} "
+            f"| {stage} | {r['impl']} | {r['peer_version']} "
             f"| {r['step_time_s']:.3f} [{r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f}] "
+            f"| {_fmt(r.get('time_over_floor'), '.2f')} "
             f"| {r['peak_rss_bytes'] / GiB:.2f} | {_fmt(r['comm_bytes_per_step'] / 1e6, '.1f')} "
             f"| {_fmt(r['loss_max_rel_diff'], '.1e')} | {_fmt(r['time_ratio_ours_over'], '.2f')} "
             f"| {_fmt(r['rss_ratio_ours_over'], '.2f')} |"
@@ -64,7 +68,7 @@ def _clipping(row) -> str:
 
 def _order(col):
     if col.name == "family":
-        return col.map({"zerobench": 0, "torch": 1, "deepspeed": 2})
+        return col.map({"floor": -1, "zerobench": 0, "torch": 1, "deepspeed": 2})
     return col
 
 
@@ -76,7 +80,8 @@ def plot_peers(csv_path, png_path) -> None:
     import matplotlib.pyplot as plt
 
     df = _load(csv_path)
-    ok = df[df["status"] == "ok"]
+    ok = df[(df["status"] == "ok") & (df["family"] != "floor")]
+    floor = df[(df["status"] == "ok") & (df["family"] == "floor")]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"zerobench": "tab:blue", "torch": "tab:orange", "deepspeed": "tab:green"}
     for ax, (col, scale, label) in zip(
@@ -84,7 +89,10 @@ def plot_peers(csv_path, png_path) -> None:
     ):
         ticks, names = [], []
         x = 0.0
-        for stage in sorted(df["stage"].unique()):
+        if col == "step_time_s" and not floor.empty:
+            ax.axhline(floor["step_time_s"].iloc[0], color="black", linestyle="--", label="floor: one rank, no comm.")
+            ax.legend(loc="upper left", fontsize=8)
+        for stage in sorted(ok["stage"].unique()):
             group = ok[ok["stage"] == stage].sort_values("family", key=_order)
             for _, r in group.iterrows():
                 err = None
@@ -98,7 +106,7 @@ def plot_peers(csv_path, png_path) -> None:
         ax.set_xticks(ticks, names, rotation=60, ha="right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
-    first = df.iloc[0]
+    first = (ok if not ok.empty else df).iloc[0]
     fig.suptitle(
         f"zerobench vs peers, measured: {first['model']} ({first['num_params'] / 1e6:.0f}M), dp={first['dp']}, "
         f"{first['precision']}, CPU/gloo (blue: ours; orange: torch; green: DeepSpeed; grouped by ZeRO stage 0→3)"

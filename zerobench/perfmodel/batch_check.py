@@ -3,50 +3,50 @@
 The paper ran every listed configuration, so each listed micro-batch must fit; and it chose
 batches at or near the largest that fit, so the largest batch the model allows should not be
 far above the listed one where memory was the limit. Neither is fitted: this table is judged.
+The runs are the sheets' trials (workflows/config/sheets/): a ZeRO-100B size listed as C4 and
+C5 counts the larger of their limits (P_a+cpu where it helps, paper §10.4).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.config import PRESETS
-from zerobench.perfmodel import paper_setups as ps
+from zerobench.paper_tables import _size
 from zerobench.perfmodel.calibration import DEFAULT, Calibration
-from zerobench.perfmodel.common import PREC
-from zerobench.perfmodel.hardware import get_profile
-from zerobench.perfmodel.memory_fit import max_micro_batch
+from zerobench.perfmodel.common import paper
+from zerobench.sheets import load_sheet, sheet_trials
 
 
-def paper_runs() -> list[tuple[str, object, object, int]]:
-    """(label, model, parallel, listed micro-batch) of every run the paper lists as executed; a
-    ZeRO-100B run is given as (GPUs, MP): C4, or C5 where P_a+cpu fits more (paper §10.4)."""
-    runs = []
-    for size, (name, zmp, zb, bgpus, bmp, bheads, bb) in ps.FIG2.items():
-        runs.append((f"fig2 ZeRO {size:g}B", PRESETS[name], (400, zmp), zb))
-        runs.append((f"fig2 baseline {size:g}B", ps.with_heads(name, bheads), ps.baseline_parallel(bgpus, bmp), bb))
-    for gpus, batch in ps.FIG3.items():
-        runs.append((f"fig3 {gpus} GPUs", PRESETS["gpt-60b-scaling"], (gpus, 16), batch))
-    for config, batch in ps.FIG7_60B.items():
-        runs.append(
-            (f"fig7 60B {config}", ps.with_heads("gpt-60b-scaling", 64), ps.zero_parallel(128, 16, config), batch)
-        )
-    for name, (size, batch) in ps.FIG8.items():
-        runs.append((f"fig8 ZeRO {size:g}B", PRESETS[name], ps.zero_parallel(128, 1, "C4"), batch))
-    for name, (size, batch) in ps.FIG8_DDP.items():
-        runs.append((f"fig8 DDP {size:g}B", PRESETS[name], ps.baseline_parallel(128, 1), batch))
-    for size, name, batch, configs in ps.FIG6_RUNS:
-        for config in configs:
-            runs.append((f"fig6 {size}B {config}", PRESETS[name], ps.zero_parallel(400, 16, config), batch))
-    return runs
+def _label(artifact: str, trial: dict, record: dict) -> str | None:
+    """The run's name, or None for trials that are not a listed run (depth searches; Fig 7's
+    170B, which probes what fits at batch 12)."""
+    if trial.get("layers_policy") == "largest_fits" or (artifact == "fig7" and record["world_size"] != 128):
+        return None
+    kind = {"fig2": ("baseline", "ZeRO"), "fig8": ("DDP", "ZeRO")}.get(artifact)
+    if artifact == "fig3":
+        return f"fig3 {record['world_size']} GPUs"
+    if kind:
+        return f"{artifact} {kind[record['stage'] > 0]} {_size(record):g}B"
+    return f"{artifact} {_size(record):g}B {trial['zero_config']}"
 
 
 def batch_check(cal: Calibration = DEFAULT) -> pd.DataFrame:
-    """Per listed run: the listed batch, the largest the model allows, and whether it fits."""
-    hw = get_profile("v100-32gb-dgx2")
-    rows = []
-    for label, model, par, batch in paper_runs():
-        pars = [ps.zero_parallel(*par, c) for c in ("C4", "C5")] if isinstance(par, tuple) else [par]
-        b_max = max(max_micro_batch(model, p, PREC, hw, cal) for p in pars)
-        rows.append(dict(run=label, paper_batch=batch, max_micro_batch=b_max, fits=b_max >= batch,
-                         ratio=b_max / batch))  # fmt: skip
-    return pd.DataFrame(rows)
+    """Per listed run: the listed batch (Fig 3: the paper's pick among its sweep), the largest the
+    model allows, and whether it fits."""
+    from zerobench.sweep import model_trial
+
+    runs: dict[str, list] = {}
+    for artifact in ("fig2", "fig3", "fig7", "fig8", "fig6"):
+        for group in sheet_trials(load_sheet(artifact)):
+            for trial in group:
+                record = model_trial(trial, cal)
+                label = _label(artifact, trial, record)
+                if label is None:
+                    continue
+                batch = trial["micro_batch"]
+                if artifact == "fig3":
+                    batch = int(paper("fig3", "throughput_per_gpu", column="batch", gpus=record["world_size"]))
+                entry = runs.setdefault(label, [batch, 0])
+                entry[1] = max(entry[1], record["max_micro_batch"])
+    return pd.DataFrame([dict(run=label, paper_batch=batch, max_micro_batch=b_max, fits=b_max >= batch,
+                              ratio=b_max / batch) for label, (batch, b_max) in runs.items()])  # fmt: skip

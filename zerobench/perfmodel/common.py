@@ -1,21 +1,18 @@
-"""Shared pieces of the artifact builders: paper look-ups, error rows, throughput runs."""
+"""Shared pieces of the artifact tables: paper look-ups, error rows, MAPE."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.config import TrainConfig
-from zerobench.perfmodel import paper_setups as ps
-from zerobench.perfmodel.calibration import DEFAULT, FIT_SET
-from zerobench.perfmodel.predict import predict
+from zerobench.perfmodel.calibration import FIT_SET
 from zerobench.results import load_paper_reference
 
-PREC = ps.PAPER_PRECISION
 _REF = None
 
 
-def paper(artifact: str, metric: str, **where) -> float | None:
-    """One number from paper_reference.csv (None when absent or not numeric)."""
+def paper(artifact: str, metric: str, column: str = "value", **where) -> float | None:
+    """One number from paper_reference.csv, its `value` or another column's (None when absent or
+    not numeric)."""
     global _REF
     if _REF is None:
         _REF = load_paper_reference()
@@ -23,7 +20,7 @@ def paper(artifact: str, metric: str, **where) -> float | None:
     for col, val in where.items():
         text = df[col].astype(str)
         df = df[text.str.startswith(val)] if isinstance(val, str) else df[text == f"{val:g}"]
-    vals = pd.to_numeric(df["value"], errors="coerce").dropna()
+    vals = pd.to_numeric(df[column], errors="coerce").dropna()
     return float(vals.iloc[0]) if len(vals) else None
 
 
@@ -31,41 +28,6 @@ def row(artifact, key, ours, paper_value, source="modelled", **cols) -> dict:
     err = None if paper_value in (None, 0) or ours is None else 100.0 * (ours - paper_value) / paper_value
     return dict(artifact=artifact, key=key, ours=ours, paper=paper_value, error_pct=err, source=source,
                 fit=(artifact, key) in FIT_SET, **cols)  # fmt: skip
-
-
-def throughput(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> dict:
-    pred = predict(model, parallel, PREC, TrainConfig(micro_batch=max(batch, 1)), hw, gpn, cal)
-    out = dict(micro_batch=batch, max_micro_batch=pred.max_micro_batch, status="ok" if pred.fits else "oom")
-    if pred.fits and batch >= 1:
-        out.update(tflops=pred.tflops_per_gpu, step_s=pred.step_time_s, compute_s=pred.compute_s,
-                   mp_comm_s=pred.mp_comm_s + pred.host_copy_s, dp_comm_s=pred.dp_comm_s,
-                   optimizer_s=pred.optimizer_s, gemm_eff=pred.efficiency, mfu=pred.mfu)  # fmt: skip
-    return out
-
-
-def max_batch(model, parallel, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> int:
-    """The largest micro-batch that fits (0: not even one sequence)."""
-    return predict(model, parallel, PREC, TrainConfig(micro_batch=1), hw, gpn, cal).max_micro_batch
-
-
-def capped(model, parallel, batch, hw="v100-32gb-dgx2", cal=DEFAULT, gpn=None) -> dict:
-    """`throughput` at the listed `batch`, capped at the largest that fits; where not even one
-    sequence fits, the run at batch 1 (status oom)."""
-    return throughput(model, parallel, max(1, min(batch, max_batch(model, parallel, hw, cal, gpn))), hw, cal, gpn)
-
-
-def zero_best(model, gpus, mp, batch, cal, hw="v100-32gb-dgx2", gpn=None) -> dict:
-    """ZeRO-100B (C4) at `batch`, capped at the largest that fits, or C5 (P_a+cpu) where that is
-    faster (it fits a larger batch): the paper switches P_a+cpu on only when beneficial (§10.4)."""
-    best = None
-    for config in ("C4", "C5"):
-        par = ps.zero_parallel(gpus, mp, config)
-        b = min(batch, max_batch(model, par, hw, cal, gpn))
-        if b >= 1:
-            run = dict(config=config, **throughput(model, par, b, hw, cal, gpn))
-            if best is None or run["tflops"] > best["tflops"]:
-                best = run
-    return best or dict(config="C5", micro_batch=batch, max_micro_batch=0, status="oom")
 
 
 def mape(df: pd.DataFrame, judged_only: bool = False) -> tuple[float, float, int]:

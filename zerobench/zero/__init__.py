@@ -1,13 +1,17 @@
-"""ZeRO-DP (paper §5): `apply_zero` wraps a plain model in the engine of its stage."""
+"""ZeRO-DP (paper §5): `apply_zero` wraps a plain model in the engine of its stage, one file each
+(stage0.py – stage3.py) over a shared core (core.py)."""
 
 from __future__ import annotations
+
+from zerobench.zero.stage0 import Stage0
+from zerobench.zero.stage1 import Stage1
+from zerobench.zero.stage2 import Stage2
+from zerobench.zero.stage3 import Stage3
+
+ENGINES = {0: Stage0, 1: Stage1, 2: Stage2, 3: Stage3}
 
 
 def apply_zero(model, ctx, parallel, precision, train, comms):
     """The engine that trains `model` with `parallel.stage` (0 = plain DP, 1 = P_os, 2 = P_os+g,
     3 = P_os+g+p) on this rank's groups `ctx`; every collective goes through `comms`."""
-    if parallel.stage == 3:
-        from zerobench.zero.stage3 import Stage3Engine as Engine
-    else:
-        from zerobench.zero.engine import ZeroEngine as Engine
-    return Engine(model, ctx, parallel, precision, train, comms)
+    return ENGINES[parallel.stage](model, ctx, parallel, precision, train, comms)

@@ -1,0 +1,206 @@
+"""Sheets of trials (zerobench/sheets.py), the largest-that-fits policy (zerobench/fit_search.py),
+modelled groups in one process (zerobench/sweep.py) and a paper sheet planned on SLURM as
+measured trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from zerobench import cli, sheets, sweep, tables
+from zerobench.config import PRESETS, ConfigError, ParallelConfig, PrecisionConfig
+from zerobench.fit_search import largest_that_fits
+from zerobench.perfmodel import get_profile
+from zerobench.perfmodel.calibration import DEFAULT
+from zerobench.perfmodel.memory_fit import max_micro_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _sheet(tmp_path: Path, trials: list[dict], table: str = "sweep") -> Path:
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(dict(title="t", paper="p", claim="c", table=table, tolerance_pct=1, trials=trials)))
+    return path
+
+
+def test_cases_over_base_times_grid_in_sheet_order():
+    group = dict(source="modelled", base=dict(mp=1, micro_batch=4), cases=[dict(model="a"), dict(model="b", mp=2)],
+                 grid=dict(stage=[0, 3]))  # fmt: skip
+    trials = sheets.expand_group(group)
+    assert [(t["model"], t["mp"], t["stage"]) for t in trials] == [("a", 1, 0), ("a", 1, 3), ("b", 2, 0), ("b", 2, 3)]
+    assert len({sheets.trial_id(t) for t in trials}) == 4
+
+
+def test_unknown_field_fails_before_anything_runs_naming_it(tmp_path):
+    path = _sheet(tmp_path, [dict(source="modelled", cases=[dict(model="gpt-8b", micro_bach=2)])])
+    with pytest.raises(ConfigError, match="case 0: unknown field 'micro_bach'"):
+        sheets.load_sheet(path)
+    out = tmp_path / "out"
+    assert cli.main(["sweep", str(path), "--outdir", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_engine_flags_drop_model_only_fields():
+    trial = dict(source="measured", model="gpt-8b", gpus=400, mp=4, hardware="v100-32gb-dgx2", zero_os=True,
+                 zero_config="C5", micro_batch=64, micro_batch_policy="largest_fits", attention="fused",
+                 label="x")  # fmt: skip
+    flags = " ".join(sheets.trial_flags(trial))
+    assert "--gpus 400 --mp 4" in flags and "--zero-config C5" in flags
+    assert "--micro-batch-policy largest_fits" in flags
+    assert not any(f in flags for f in ("--hardware", "--zero-os", "--attention", "x"))
+    modelled = " ".join(sheets.trial_flags({**trial, "source": "modelled"}))
+    assert "--gpus 400" in modelled and "--zero-os" in modelled and "--attention fused" in modelled
+    traced = sheets.trial_flags({**trial, "source": "traced"})
+    assert "--micro-batch-policy" not in traced
+
+
+def test_largest_that_fits_bisects_to_the_exact_boundary():
+    for limit in (0, 1, 5, 7, 16, 40):
+        for upper in (1, 7, 16):
+            record, attempts = largest_that_fits(lambda b, n=limit: dict(status="ok" if b <= n else "oom", b=b), upper)
+            assert record["b"] == (min(limit, upper) or 1) and record["status"] == ("ok" if limit else "oom")
+            assert attempts[0] == [upper, record["status"] if limit >= upper else "oom"]
+    # a status other than ok / oom ends the search with that record
+    record, attempts = largest_that_fits(lambda b: dict(status="oom" if b > 4 else "error", b=b), 16)
+    assert record["status"] == "error" and attempts == [[16, "oom"], [8, "oom"], [4, "error"]]
+
+
+def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
+    model, hw = PRESETS["gpt-170b"], get_profile("v100-32gb-dgx2")
+    par = ParallelConfig(dp=25, mp=16, stage=2, checkpoint_activations=True, partition_activations=True,
+                         offload_activations=True, contiguous_buffers=True, bucket_bytes=700_000_000)  # fmt: skip
+    fits = max_micro_batch(model, par, PrecisionConfig(mode="fp16", device="cuda"), hw, DEFAULT)
+    assert 1 < fits < 12  # the paper's listed 12 does not fit 170B: a real step-down
+    trial = dict(source="modelled", model="gpt-170b", gpus=400, mp=16, zero_config="C5", checkpoint_activations=True,
+                 bucket_mb=700_000_000 / 2**20, precision="fp16", micro_batch=12,
+                 micro_batch_policy="largest_fits")  # fmt: skip
+    record = sweep.model_trial(trial)
+    assert record["status"] == "ok" and record["micro_batch"] == fits and record["listed_micro_batch"] == 12
+    assert record["attempts"][0] == [12, "oom"] and [fits, "ok"] in record["attempts"]
+
+
+def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
+    """The CLI's loop around the trial runner: each attempt a run; here a stand-in runner whose
+    budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
+    from zerobench.results import new_record, read_record
+
+    ran = []
+
+    def run_once(args):
+        ran.append(args.micro_batch)
+        return new_record("measured", status="ok" if args.micro_batch <= 5 else "oom", micro_batch=args.micro_batch)
+
+    monkeypatch.setattr(cli, "_run_once", run_once)
+    out = tmp_path / "r.json"
+    assert cli.main(["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--out", str(out)]) == 0
+    record = read_record(out)
+    assert record["micro_batch"] == 5 and record["listed_micro_batch"] == 16 and ran[0] == 16
+    assert record["attempts"] == [[b, "ok" if b <= 5 else "oom"] for b in ran]
+
+
+def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
+    base = dict(hardware="h100-80gb", precision="fp16", checkpoint_activations=True, micro_batch=4)
+    path = _sheet(tmp_path, [
+        dict(source="modelled", base=base, cases=[dict(model="gpt-8b", gpus=64, mp=8),  # fits
+                                                  dict(model="gpt-8b", gpus=100, mp=8),  # dp x mp != gpus
+                                                  dict(model="gpt-170b", gpus=64, mp=1, stage=0)]),  # too big
+    ])  # fmt: skip
+    out = tmp_path / "runs"
+    assert cli.main(["sweep", str(path), "--outdir", str(out)]) == 0
+    df = tables.build("sweep", [str(out)], str(path))
+    assert df.status.tolist() == ["ok", "infeasible", "oom"]
+    assert "gpus=100" in df.error.iloc[1] and "GB usable" in df.error.iloc[2]
+    assert df.ours.iloc[0] > 0 and df.ours.iloc[1:].isna().all()
+
+
+def test_paper_sheet_switched_to_measured_plans_engine_trials_on_slurm(tmp_path):
+    """Fig 2's sheet with `source: measured` and the SLURM profile: engine trials of the paper's
+    world sizes (400 GPUs as dp x mp), each holding its world size in GPUs, no code change."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("Snakefile", "workflows"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, repo / name)
+    sheet = repo / "workflows/config/sheets/fig2.yaml"
+    sheet.write_text(sheet.read_text().replace("source: modelled", "source: measured"))
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run(
+        [str(BIN / "snakemake"), "-n", "-p", "--verbose", "--workflow-profile", "workflows/profiles/slurm",
+         "results/fig2.csv"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "rule run_trial:" in text and "model_group" not in text
+    jobs = [block for block in text.split("rule run_trial:")[1:]]
+    assert len(jobs) == 27  # 9 sizes x (C4, C5) for ZeRO, 9 baselines
+    assert "--model gpt-170b --gpus 400 --mp 16" in text and "--zero-config C5" in text and "--device cuda" in text
+    assert "--model gpt-170b --heads 256 --gpus 256 --mp 256" in text
+    assert "--micro-batch-policy largest_fits" in text and "--hardware" not in text
+    gpus = sorted({int(line.split("gpu=")[1].split(",")[0]) for line in text.replace(" ", "").splitlines()
+                   if "gpu=" in line})  # fmt: skip
+    assert gpus == [256, 384, 400]
+
+
+def test_committed_paper_records_join_their_sheets():
+    """Every committed modelled record of a paper sheet is one of its trials, and rebuilding the
+    table from them gives the committed CSV's numbers."""
+    for name in ("fig7", "table2"):
+        dirs = sorted(str(p) for p in (ROOT / "results/runs").glob(f"{name}.g*"))
+        df = tables.build(name, dirs, name)
+        import pandas as pd
+
+        committed = pd.read_csv(ROOT / f"results/{name}.csv")
+        assert df.key.tolist() == committed.key.tolist()
+        assert df.ours.fillna(-1).tolist() == pytest.approx(committed.ours.fillna(-1).tolist(), rel=1e-12)
+        assert json.loads(Path(next(iter(Path(dirs[0]).glob("*.json")))).read_text())["source"] == "modelled"
+
+
+def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
+    """Under --time-limit each attempt is a child process: its flags pin the attempt's size."""
+    from zerobench.fit_search import pinned
+
+    argv = ["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--layers", "8"]
+    args = cli.parser().parse_args(argv)
+    args.micro_batch = 5  # the attempt
+    child = cli.parser().parse_args([*argv, *pinned(args)])
+    assert (child.micro_batch, child.micro_batch_policy) == (5, "listed")
+    assert (child.layers, child.layers_policy) == (8, "listed")
+
+
+def test_measured_layout_that_cannot_exist_is_an_infeasible_row(tmp_path):
+    """dp x mp != gpus on the engine: a record saying so, before any rank starts."""
+    from zerobench.results import read_record
+
+    trial = dict(source="measured", model="tiny", gpus=3, mp=2, steps=1)
+    out = tmp_path / "r.json"
+    assert cli.main(["run", *sheets.trial_flags(trial), "--out", str(out)]) == 0
+    record = read_record(out)
+    assert record["status"] == "infeasible" and "gpus=3" in record["error"]
+
+
+def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
+    """Sweeps that scale: a modelled group is one job however many trials it has (README "Sweep
+    your own" has the measured cost per trial)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("Snakefile", "workflows"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, repo / name)
+    grid = dict(model=["gpt-1.5b", "gpt-8b", "gpt-20b", "gpt-40b", "gpt-60b", "gpt-80b", "gpt-100b", "gpt-120b",
+                       "gpt-140b", "gpt-170b"], gpus=[64, 128, 256, 512, 1024], stage=[0, 1, 2, 3],
+                micro_batch=[1, 2, 4, 8, 16])  # fmt: skip
+    _sheet(repo / "workflows/config/sheets", [dict(source="modelled", base=dict(mp=8), grid=grid)])
+    assert len(sheets.sheet_trials(sheets.load_sheet(repo / "workflows/config/sheets/mine.yaml"))[0]) == 1000
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    out = subprocess.run([str(BIN / "snakemake"), "-n", "--config", "sheets=[mine]", "--", "results/mine.csv"],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    stats = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    assert [line.split() for line in stats.splitlines()[3:]] == [["model_group", "1"], ["table", "1"], ["total", "2"]]

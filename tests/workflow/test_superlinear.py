@@ -1,0 +1,66 @@
+"""zerobench.superlinear on hand-made records: the largest micro-batch that fits per stage and N_d,
+the perfect-linear reference, the report's words for either outcome, and the figure."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from zerobench import report, superlinear
+from zerobench.plots import plot
+
+MIB = 2**20
+
+
+def rec(stage: int, dp: int, b: int, tps: float | None, status: str = "ok") -> dict:
+    states = 16e6 / (dp if stage == 3 else 1)  # bytes per rank: 1M parameters at 2 + 2 + 12
+    return dict(source="measured", status=status, error=None if status == "ok" else "over the cap", stage=stage,
+                dp=dp, micro_batch=b, tokens_per_s=tps if status == "ok" else None, step_time_s=1.0,
+                rss_growth_bytes=100 * MIB, mem_cap_bytes=200 * MIB, num_params=10**6, param_bytes=states / 8,
+                grad_bytes=states / 8, optimizer_bytes=states * 3 / 4)  # fmt: skip
+
+
+def sweep(z3_dp2_tokens: float) -> list[dict]:
+    return [
+        rec(0, 1, 2, 100.0), rec(0, 1, 4, None, "oom"), rec(0, 2, 2, 180.0), rec(0, 2, 4, None, "oom"),
+        rec(3, 1, 2, 90.0), rec(3, 1, 4, None, "oom"), rec(3, 2, 2, 150.0), rec(3, 2, 4, z3_dp2_tokens),
+    ]  # fmt: skip
+
+
+def test_best_is_the_largest_micro_batch_that_fits_and_linear_is_from_one_rank():
+    df = superlinear.table(sweep(230.0))
+    best = df[df.kind == "best"].set_index(["stage", "dp"])
+    assert best.loc[(3, 2)].micro_batch == 4 and best.loc[(0, 2)].micro_batch == 2
+    assert best.loc[(3, 2)].expected == 180.0  # 2 x stage 3's one-rank 90 tokens/s
+    assert best.loc[(3, 2)].vs_linear_pct == pytest.approx(100 * (230 - 180) / 180)
+    assert best.loc[(0, 2)].vs_linear_pct == pytest.approx(-10.0)
+    assert (df[df.kind == "trial"].status == "oom").sum() == 3  # oom rows kept in the table
+    assert df.error_pct.isna().all()  # no paper number at this scale to be an error against
+
+
+@pytest.mark.parametrize(("tokens", "words"), [(230.0, "28% above"), (160.0, "11% below")])
+def test_report_says_what_was_seen_either_way(tokens, words):
+    df = superlinear.table(sweep(tokens))
+    sheet = dict(title="superlinear", paper="Fig 3", claim="c", table="superlinear", tolerance_pct=10)
+    text, _ = report.section("superlinear", sheet, df)
+    seen = text.split("**Seen.**")[1]
+    assert words in seen and "micro-batch 4 against 2" in seen
+    assert f"{tokens / 180:.2f}x stage 0's tokens/s ({'faster' if tokens > 180 else 'slower'})" in seen
+    assert f"{abs(100 * (tokens / 200 - 1)):.0f}% {'above' if tokens > 200 else 'below'} linear" in seen
+    assert "Caution" not in seen  # the one-rank points, 100 and 90 tokens/s, agree within NOISE
+
+
+def test_one_rank_points_far_apart_are_called_noise():
+    records = [r if (r["stage"], r["dp"], r["micro_batch"]) != (3, 1, 2) else rec(3, 1, 2, 40.0) for r in sweep(230)]
+    assert "differ 2.5x: this run's timings are noisy" in superlinear.seen(superlinear.table(records))
+
+
+def test_a_stage_with_nothing_that_fits_is_said(tmp_path):
+    records = [r for r in sweep(230.0) if not (r["stage"] == 0 and r["dp"] == 2)]
+    df = superlinear.table(records)
+    assert "baseline: no pair of points" in superlinear.seen(df)
+    csv = tmp_path / "superlinear.csv"
+    df.to_csv(csv, index=False)
+    plot("superlinear", str(csv), str(tmp_path / "s.png"), "t")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert pd.read_csv(csv).kind.tolist().count("best") == 3

@@ -1,0 +1,188 @@
+"""What every ZeRO-DP stage shares (paper §5): the flat buffers, hooks that report each bucket's
+gradients complete, the collectives in flight, and the step on the pieces this rank owns — unscale,
+overflow check, global-norm clipping, Adam (§5.1) — after which each updated piece can be sent.
+
+Each stage's own file says what it keeps, frees and communicates, and when: stage0.py (plain data
+parallelism), stage1.py (P_os), stage2.py (P_os+g), stage3.py (P_os+g+p).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from zerobench.comms import Comms, Handle
+from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.parallel.topology import Group, ParallelContext
+from zerobench.zero.optimizer import LossScaler, ShardedAdam, clip_, global_grad_norm
+from zerobench.zero.partition import Bucket, FlatLayout, Slot, counted_ranges
+
+
+def packed_layout(named: list[tuple[str, torch.Tensor]], nd: int, bucket_bytes: int, dtype) -> FlatLayout:
+    """Parameters packed in order into buckets of C_B bytes (§6.2) for `nd` ranks."""
+    return FlatLayout([(n, tuple(p.shape)) for n, p in named], nd, bucket_bytes // dtype.itemsize)
+
+
+def place_flat(params: list[torch.Tensor], layout: FlatLayout, dtype, device) -> torch.Tensor:
+    """Every parameter moved into one flat buffer (returned); from here on they are views of it."""
+    flat = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
+    for p, slot in zip(params, layout.slots):
+        view = flat[slot.offset : slot.offset + slot.numel]
+        view.copy_(p.detach().reshape(-1))
+        p.data = view.view(slot.shape)
+    return flat
+
+
+def gather_updated(comms: Comms, flat: torch.Tensor, bucket: Bucket, dp: Group) -> Handle:
+    """Start the all-gather that brings every rank's updated chunk of `bucket` into `flat`. In
+    place: this rank's chunk already sits where the gather puts it (NCCL and gloo allow it)."""
+    lo, hi = bucket.owned(dp.rank)
+    return comms.all_gather(flat[bucket.start : bucket.start + bucket.padded], flat[lo:hi], dp, async_op=True)
+
+
+class FullGradients:
+    """A gradient buffer as long as the flat parameters (stages 0 and 1). Backward writes each
+    gradient into its slot and micro-batches accumulate there; the first micro-batch of a step
+    overwrites last step's values, so there is no Ψ-element memset per step."""
+
+    def __init__(self, layout: FlatLayout, dtype, device):
+        self.flat = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
+        self.fresh = True  # nothing accumulated since the last step
+
+    def take(self, slot: Slot, grad: torch.Tensor) -> None:
+        piece = self.flat[slot.offset : slot.offset + slot.numel]
+        piece.copy_(grad) if self.fresh else piece.add_(grad)
+
+    def of(self, bucket: Bucket) -> torch.Tensor:
+        return self.flat[bucket.start : bucket.start + bucket.padded]
+
+
+class ZeroEngine:
+    """The interface of every stage: `model`, `backward`, `step`, `model_state_bytes`,
+    `full_parameters`, `sync_parameters`, `transient_states`, and what a checkpoint reads
+    (`layout`, `owned`, `optimizer`, `scaler`, `stage`, `ctx`, `dtype`, `device`).
+
+    A stage's constructor runs `__init__` (common fields only), builds its layout and storage, then
+    `_attach`, which makes the optimizer over the pieces it owns and hooks every parameter. Nothing
+    here calls into the stage before that. In backward the hooks hand each gradient to the stage's
+    `_take(slot, grad)` and each complete bucket to its `_reduce(bucket)`; after the step, `_send(i)`
+    brings owned piece i to the ranks that need it."""
+
+    stage: int
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        ctx: ParallelContext,
+        parallel: ParallelConfig,
+        precision: PrecisionConfig,
+        train: TrainConfig,
+        comms: Comms,
+    ):
+        if parallel.stage != self.stage:
+            raise ValueError(f"stage={parallel.stage}: {type(self).__name__} runs stage {self.stage}")
+        self.model, self.ctx, self.parallel, self.train, self.comms = model, ctx, parallel, train, comms
+        self.dtype = precision.storage_dtype
+        self.named = list(model.named_parameters())
+        self.params = [p for _, p in self.named]
+        self.device = self.params[0].device
+        self.scaler = LossScaler(precision.loss_scaling, precision.initial_loss_scale, precision.loss_scale_window)
+        self._in_flight: deque = deque()  # (handle, finish) of the reductions under way, in issue order
+        self._reduce_now = True
+
+    def _attach(self, layout: FlatLayout, owned, param_pieces, grad_pieces, partitioned: bool) -> None:
+        """The optimizer over `param_pieces` (flat [lo, hi) `owned`), the gradients it reads
+        (`grad_pieces`), and the hooks. `partitioned`: the gradient is split over DP."""
+        self.layout, self.owned, self.grad_pieces = layout, owned, grad_pieces
+        self.optimizer = ShardedAdam(param_pieces, self.train)
+        # Norms and overflow flags sum over the groups the gradient is split across: DP once it is
+        # partitioned, and MP (the paper's N_d × N_m), where replicated parameters count on MP
+        # rank 0 only (None: count every element).
+        self.shard_groups = ([self.ctx.dp] if partitioned else []) + [self.ctx.mp]
+        mp = self.ctx.mp
+        self._counted = counted_ranges(layout.slots, owned, self.params, mp.rank) if mp.size > 1 else None
+        self._pending = [len(b.slots) for b in layout.buckets]
+        for p, slot in zip(self.params, layout.slots):
+            p.register_post_accumulate_grad_hook(self._hook(slot, layout.buckets[slot.bucket]))
+
+    def _hook(self, slot: Slot, bucket: Bucket):
+        def hook(p: torch.Tensor) -> None:
+            self._take(slot, p.grad.reshape(-1))
+            p.grad = None
+            self._pending[bucket.index] -= 1
+            if self._pending[bucket.index] == 0 and self._reduce_now:
+                self._reduce(bucket)
+
+        return hook
+
+    def _backward(self, loss: torch.Tensor, reduce: bool) -> None:
+        """Backward of one micro-batch's mean loss, scaled by 1/grad_accum (and the loss scale);
+        with `reduce`, each bucket's reduction starts once its gradients are complete."""
+        self._reduce_now = reduce
+        self._pending = [len(b.slots) for b in self.layout.buckets]
+        (loss * (self.scaler.scale / self.train.grad_accum)).backward()
+        self._drain(0)
+
+    def _drain(self, keep: int) -> None:
+        """Wait for the oldest reductions until at most `keep` are in flight."""
+        while len(self._in_flight) > keep:
+            handle, finish = self._in_flight.popleft()
+            handle.wait()
+            finish()
+
+    def _update(self) -> bool:
+        """Unscale, check overflow, clip by the global norm, Adam on the owned pieces, each piece
+        sent (`_send`) while Adam works on the next. False when an fp16 overflow skipped the step."""
+        # fp32 views are clipped in place (the stage clears them after the step); 16-bit ones are upcast.
+        grads = [g if g.dtype == torch.float32 else g.float() for g in self.grad_pieces]
+        if self.scaler.enabled:
+            for g in grads:
+                g.div_(self.scaler.scale)
+        overflow = self.scaler.found_overflow(grads, self.comms, self.shard_groups)
+        self.scaler.update(overflow)
+        if not overflow:
+            counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
+            # kept a tensor: a traced step (FakeTensorMode, zerobench/trace.py) has no value to read
+            self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+            clip_(grads, self.last_grad_norm, self.train.clip_norm)
+            sends = []
+            self.optimizer.step(grads, after_piece=lambda i: sends.append(self._send(i)))
+            for handle in sends:
+                handle.wait()
+        return not overflow
+
+    def _send(self, i: int) -> Handle:
+        """Nothing to send: every rank updated piece i itself (the stage says otherwise)."""
+        return Handle(None, None)
+
+    def sync_parameters(self) -> None:
+        """Bring every rank's parameters up to date after the owned pieces were overwritten from
+        outside the step (a checkpoint load): every piece sent at once."""
+        for handle in [self._send(i) for i in range(len(self.owned))]:
+            handle.wait()
+
+    def transient_states(self):
+        """(tensor, category) of the model states a step allocates and frees: none here."""
+        return ()
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter, whole and in fp32 (a copy), as a single-process model would hold it."""
+        return {name: p.detach().float().clone() for name, p in self.model.named_parameters()}
+
+    def model_state_bytes(self) -> dict[str, int]:
+        """Bytes of the model states this rank holds: the storage behind the pieces the optimizer
+        updates and reads, and the optimizer's own."""
+        return {
+            "param_bytes": _storage_bytes(self.optimizer.params),
+            "grad_bytes": _storage_bytes(self.grad_pieces),
+            "optimizer_bytes": self.optimizer.state_bytes(),
+        }
+
+
+def _storage_bytes(tensors) -> int:
+    storages = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        storages[id(st)] = st  # held, so an id is never reused while counting
+    return sum(st.nbytes() for st in storages.values())

@@ -1,0 +1,130 @@
+"""Stage 3's gathered parameters (paper §5.3): which buckets are whole on this rank right now, the
+bound on their bytes, and prefetch along the order the program used before.
+
+The order in which buckets are gathered (forward and backward) is recorded during the first
+micro-batch; from then on each gather issues asynchronous gathers of the next buckets in that
+order, while the bytes gathered ahead of use stay within `prefetch_bytes` and all gathered bytes
+(in use and ahead) within `max_live_bytes`. A bucket the program needs is gathered regardless of
+prefetch; if that alone breaks `max_live_bytes` the step fails naming the field. When the program
+leaves the recorded order, the rest of the micro-batch gathers on demand (`trace_misses`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from zerobench.comms import Comms
+from zerobench.config import ConfigError, ParallelConfig
+from zerobench.parallel.topology import Group
+from zerobench.zero.partition import FlatLayout
+
+
+class GatheredBuckets:
+    """Gathers and releases the partitioned buckets of `layout` (those listed in `shards`: this
+    rank's chunk of each); `point(b, flat)` makes bucket b's parameters views of `flat`, or
+    releases them (None). Counters: `live_bytes`, `peak_live_bytes`, `gathers`, `prefetches`,
+    `misses`; `order` is the recorded order, (bucket, in backward) pairs."""
+
+    def __init__(
+        self,
+        layout: FlatLayout,
+        shards: list[torch.Tensor],
+        point: Callable[[int, torch.Tensor | None], None],
+        parallel: ParallelConfig,
+        dp: Group,
+        comms: Comms,
+        names: list[str],
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.layout, self.shards, self.point, self.dp, self.comms, self.names = layout, shards, point, dp, comms, names
+        self.prefetch_bytes, self.max_live_bytes = parallel.prefetch_bytes, parallel.max_live_bytes
+        self.dtype, self.device = dtype, device
+        self.sizes = [b.padded * self.dtype.itemsize for b in layout.buckets]  # bytes, gathered
+        self.buffers: dict[int, torch.Tensor] = {}  # gathered (or arriving) bucket buffers
+        self._handles: dict[int, object] = {}  # their all-gathers still to wait for
+        self.ready: set[int] = set()  # buckets asked for and pointed at
+        self.live_bytes = self.peak_live_bytes = 0
+        self.gathers = self.prefetches = self.misses = 0
+        self.order: list[tuple[int, bool]] = []
+        self._recorded = False
+        self._cursor: int | None = 0  # next place in the order; None: off it
+
+    def start_micro_batch(self) -> None:
+        if not self._recorded:
+            self.order.clear()
+        self._cursor = 0
+
+    def end_micro_batch(self) -> None:
+        """The order is recorded; every bucket still gathered is released."""
+        self._recorded = True
+        for b in list(self.buffers):
+            self.release(b)
+
+    def fetch(self, b: int, in_backward: bool) -> torch.Tensor:
+        """Bucket b gathered, waited for and its parameters pointing at it (the program needs it now)."""
+        if b not in self.ready:
+            if b not in self.buffers:
+                self._make_room(b)
+                self._gather(b, prefetch=False)
+            self._handles.pop(b).wait()
+            self.point(b, self.buffers[b])
+            self.ready.add(b)
+            self._follow(b, in_backward)
+        return self.buffers[b]
+
+    def release(self, b: int) -> None:
+        handle = self._handles.pop(b, None)
+        if handle is not None:  # a prefetch nobody used may still be arriving
+            handle.wait()
+        del self.buffers[b]
+        self.ready.discard(b)
+        self.live_bytes -= self.sizes[b]
+        self.point(b, None)
+
+    def _gather(self, b: int, prefetch: bool) -> None:
+        buf = torch.empty(self.layout.buckets[b].padded, dtype=self.dtype, device=self.device)
+        self.buffers[b] = buf
+        self.live_bytes += self.sizes[b]
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        self._handles[b] = self.comms.all_gather(buf, self.shards[b], self.dp, async_op=prefetch)
+        self.gathers += 1
+        self.prefetches += prefetch
+
+    def _make_room(self, b: int) -> None:
+        if self.live_bytes + self.sizes[b] > self.max_live_bytes:  # drop prefetches the program did not follow
+            for ahead in [a for a in self.buffers if a not in self.ready]:
+                self.release(ahead)
+        need = self.live_bytes + self.sizes[b]
+        if need > self.max_live_bytes:
+            raise ConfigError(
+                f"max_live_bytes={self.max_live_bytes}: stage 3 needs {need} bytes of gathered parameters "
+                f"alive at once (gathering {self.names[b]})"
+            )
+
+    def _follow(self, b: int, in_backward: bool) -> None:
+        if not self._recorded:
+            self.order.append((b, in_backward))
+        elif self._cursor is None:  # off the recorded order in this micro-batch already
+            return
+        elif self._cursor < len(self.order) and self.order[self._cursor][0] == b:
+            self._cursor += 1
+            self._prefetch()
+        else:  # the program left the recorded order: gather on demand for the rest of the micro-batch
+            self.misses += 1
+            self._cursor = None
+
+    def _prefetch(self) -> None:
+        ahead = sum(self.sizes[a] for a in self.buffers if a not in self.ready)
+        for b, _ in self.order[self._cursor :]:
+            if b in self.ready:  # gathered again only after this use is released
+                break
+            if b in self.buffers:
+                continue
+            n = self.sizes[b]
+            if ahead + n > self.prefetch_bytes or self.live_bytes + n > self.max_live_bytes:
+                break
+            self._gather(b, prefetch=True)
+            ahead += n
