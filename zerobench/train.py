@@ -46,7 +46,8 @@ def _materialize(model: torch.nn.Module, device: torch.device) -> None:
     makes new Parameter objects when leaving the meta device, without them."""
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
-            new = torch.nn.Parameter(torch.empty_like(p, device=device), requires_grad=p.requires_grad)
+            # torch.empty, not empty_like: empty_like of a meta tensor imports ~500 modules (34 MiB of RSS)
+            new = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
             new.__dict__.update({k: v for k, v in p.__dict__.items() if k not in new.__dict__})  # not a fake's device
             setattr(module, name, new)
 
