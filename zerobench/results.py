@@ -11,11 +11,6 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-# The record's columns and constructors live in zerobench/trial.py (TrialRecord). The performance
-# model (perfmodel/predict.py) and the peers runner still build records by these names.
-from zerobench.trial import model_columns as model_fields  # noqa: F401
-from zerobench.trial import new_record  # noqa: F401
-
 
 def write_record(record: dict, path: str | os.PathLike) -> None:
     """Write atomically: a reader (or a resumed sweep) never sees half a file."""

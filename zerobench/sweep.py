@@ -15,7 +15,8 @@ from zerobench import sheets
 from zerobench.config import ConfigError
 from zerobench.fit_search import searched
 from zerobench.perfmodel.calibration import DEFAULT, Calibration
-from zerobench.results import new_record, write_record
+from zerobench.results import write_record
+from zerobench.trial import new_record
 
 _PARSER: list[argparse.ArgumentParser] = []  # the CLI's parser, built once per process
 

@@ -90,7 +90,8 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
     """The CLI's loop around the trial runner: each attempt a run; here a stand-in runner whose
     budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
-    from zerobench.results import new_record, read_record
+    from zerobench.results import read_record
+    from zerobench.trial import new_record
 
     ran = []
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench import results
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network
@@ -17,6 +16,7 @@ from zerobench.perfmodel.calibration import DEFAULT, Calibration
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.kernels import check_attention
 from zerobench.perfmodel.memory_fit import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
+from zerobench.trial import new_record, trial_columns
 
 
 @dataclass(frozen=True)
@@ -130,19 +130,14 @@ def model_record(
     cal: Calibration = DEFAULT,
     attention: str = "materialized",
 ) -> dict:
-    """One `source: modelled` record (results.RECORD_FIELDS, time breakdown in the extras)."""
-    fields = dict(
-        **results.model_fields(model), dp=parallel.dp, mp=parallel.mp, world_size=parallel.world_size,
-        stage=parallel.stage, checkpoint_activations=parallel.checkpoint_activations,
-        partition_activations=parallel.partition_activations, offload_activations=parallel.offload_activations,
-        contiguous_buffers=parallel.contiguous_buffers, bucket_bytes=parallel.bucket_bytes,
-        precision=precision.mode, device="modelled", hardware=str(hardware), micro_batch=train.micro_batch,
-        grad_accum=train.grad_accum, global_batch=train.micro_batch * train.grad_accum * parallel.dp,
-    )  # fmt: skip
+    """One `source: modelled` record (trial.TrialRecord's columns, time breakdown in the extras)."""
+    # the configuration's columns as every source writes them; a modelled step has no step count
+    fields = {**trial_columns(model, parallel, precision, train), "device": "modelled", "hardware": str(hardware)}
+    fields["steps"] = None
     try:
         pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal, attention)
     except ConfigError as exc:
-        return results.new_record("modelled", status="infeasible", error=str(exc), **fields)
+        return new_record("modelled", status="infeasible", error=str(exc), **fields)
     mem = pred.memory
     fields.update(
         param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, optimizer_bytes=mem.optimizer_bytes,
@@ -154,7 +149,7 @@ def model_record(
     if not pred.fits:
         msg = (f"needs {mem.total_bytes / 1e9:.1f} GB per GPU, {mem.usable_bytes / 1e9:.1f} GB usable; "
                f"largest micro-batch that fits: {pred.max_micro_batch}")  # fmt: skip
-        return results.new_record("modelled", status="oom", error=msg, extra=extra, **fields)
+        return new_record("modelled", status="oom", error=msg, extra=extra, **fields)
     step = pred.step_time_s
     samples = train.micro_batch * train.grad_accum * parallel.dp / step
     extra.update(
@@ -162,7 +157,7 @@ def model_record(
         optimizer_s=pred.optimizer_s, overhead_s=pred.overhead_s, host_copy_s=pred.host_copy_s,
         gemm_efficiency=pred.efficiency,
     )  # fmt: skip
-    return results.new_record(
+    return new_record(
         "modelled", step_time_s=step, step_time_min_s=step, step_time_max_s=step, samples_per_s=samples,
         tokens_per_s=samples * model.seq, tflops_per_gpu=pred.tflops_per_gpu, mfu=pred.mfu, extra=extra, **fields,
     )  # fmt: skip
