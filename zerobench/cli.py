@@ -127,7 +127,7 @@ def cmd_trace(args) -> int:
     from zerobench.trial import TrialSpec
 
     model, parallel, precision, train = configs(args)
-    record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out))
+    record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out), args.states_only)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -228,6 +228,9 @@ def parser() -> argparse.ArgumentParser:
     for add in (model_args, parallel_args, train_args):
         add(trace)
     trace.add_argument("--out", help="write the record here (JSON)")
+    trace.add_argument(
+        "--states-only", action="store_true", help="build the engine and count its model states, no step"
+    )
     trace.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
     trace.set_defaults(fn=cmd_trace)
     for name, fn, text in (

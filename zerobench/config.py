@@ -138,11 +138,20 @@ _CPU_MODELS: dict[str, ModelConfig] = {
     "cpu-100m": ModelConfig(layers=10, hidden=768, heads=12, seq=256, vocab=32000, name="cpu-100m"),
 }
 
+# Table 1's 7.5B, 128B and 1T are parameter counts, not shapes: GPT shapes whose `num_params` is
+# exactly 7.5·10⁹, 128·10⁹ and 10¹² (seq 1024; the vocabulary is the free knob). Table 1 depends on
+# Ψ alone; few wide layers keep their traces short (a trace's cost grows with the tensor count).
+_TABLE1_MODELS: dict[str, tuple[ModelConfig, float]] = {
+    "table1-7.5b": (ModelConfig(layers=9, hidden=8000, heads=64, vocab=72357, name="table1-7.5b"), 7.5),
+    "table1-128b": (ModelConfig(layers=16, hidden=25600, heads=200, vocab=83566, name="table1-128b"), 128.0),
+    "table1-1t": (ModelConfig(layers=52, hidden=40000, heads=250, vocab=38298, name="table1-1t"), 1000.0),
+}
+
 PRESETS: dict[str, ModelConfig] = {
-    **{k: cfg for k, (cfg, _) in _PAPER_MODELS.items()},
+    **{k: cfg for k, (cfg, _) in {**_PAPER_MODELS, **_TABLE1_MODELS}.items()},
     **_CPU_MODELS,
 }
-NOMINAL_BILLIONS: dict[str, float] = {k: size for k, (_, size) in _PAPER_MODELS.items()}
+NOMINAL_BILLIONS: dict[str, float] = {k: size for k, (_, size) in {**_PAPER_MODELS, **_TABLE1_MODELS}.items()}
 
 
 def preset(name: str) -> ModelConfig:

@@ -53,6 +53,7 @@ FIELDS: dict[str, tuple[str, str | None]] = {
     "layers_policy": ("Lpol-", "--layers-policy"),
     "zero_os": ("zeroos", "--zero-os"),
     "attention": ("attn-", "--attention"),
+    "states_only": ("states", "--states-only"),
     # a name for the point in the artifact's table (e.g. "Fig 2 ZeRO 8B"); not a flag
     "label": (None, None),
 }
@@ -138,6 +139,7 @@ def trial_id(trial: dict) -> str:
 # and the engine has its own stage 1 and attention. A traced trial cannot run out of memory, so
 # it takes no batch or depth policy.
 MODEL_ONLY = ("hardware", "zero_os", "attention")
+TRACE_ONLY = ("states_only",)
 NOT_TRACED = ("micro_batch_policy", "layers_policy")
 
 
@@ -146,6 +148,7 @@ def trial_flags(trial: dict) -> list[str]:
     from resources; `--gpus` sets dp = gpus / mp, and a layout where that fails is infeasible)."""
     source = trial["source"]
     skip = (MODEL_ONLY if source != "modelled" else ()) + (NOT_TRACED if source == "traced" else ())
+    skip += TRACE_ONLY if source != "traced" else ()
     flags = []
     for name, (_, flag) in FIELDS.items():
         value = trial.get(name)

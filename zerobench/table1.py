@@ -1,13 +1,14 @@
 """The paper's Table 1 (per-device model-state memory, K = 12) by three independent routes: the
 paper's printed cells, the analytic formula (`memory.model_state_bytes`, paper §5) and traces of
-this engine (`zerobench.trace`), cell by cell at the paper's printed precision.
+this engine (`zerobench trace --states-only`, the traced trials of sheets/table1.yaml), cell by
+cell at the paper's printed precision.
 
-The paper's 7.5B, 128B and 1T are parameter counts, not shapes: `MODELS` gives GPT shapes whose
-`num_params` is exactly 7.5·10⁹, 128·10⁹ and 10¹² (the vocabulary is the free knob). Most 128B
-and 1T cells are truncated, not rounded, in the paper (paper.md §2; the `notes` column of
+The paper's 7.5B, 128B and 1T are parameter counts, not shapes: the presets `table1-7.5b`,
+`table1-128b` and `table1-1t` (config.py) have exactly 7.5·10⁹, 128·10⁹ and 10¹² parameters. Most
+128B and 1T cells are truncated, not rounded, in the paper (paper.md §2; the `notes` column of
 paper_reference.csv says which), and each cell is compared the way it was printed.
 
-    python -m zerobench.table1 OUTDIR [--all]   # OUTDIR/table1.csv and OUTDIR/table1.md
+    python -m zerobench.table1 OUTDIR [--all]   # OUTDIR/table1.csv and .md, tracing in-process
 """
 
 from __future__ import annotations
@@ -20,25 +21,22 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench import memory
-from zerobench.config import STAGE_LABELS, ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.config import NOMINAL_BILLIONS, PRESETS, STAGE_LABELS, ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.results import load_paper_reference
 
 GB = 1e9  # the paper's GB
 STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}
 NDS = (1, 4, 16, 64, 256, 1024)
-# traced by default: a cell's trace (the engine built, no step) costs ~1-6 s of CPU here, plus ~3 s
-# once to import torch._dynamo (zerobench/trace.py), so three N_d per model; the formula covers
-# every cell, and `--all` traces all 54
+# traced by default (sheets/table1.yaml lists the same): a cell's trace (the engine built, no
+# step) costs ~1-6 s of CPU here, plus ~3 s once to import torch._dynamo (zerobench/trace.py), so
+# three N_d per model; the formula covers every cell, and `--all` traces all 54
 TRACED_NDS = (4, 64, 1024)
-# paper's size in billions -> a GPT shape with exactly that many parameters (seq 1024). Table 1
-# depends on Ψ alone; few wide layers keep the traces short (their cost grows with the number of
-# tensors, not their size).
+# the paper's size in billions -> its preset
 MODELS: dict[float, ModelConfig] = {
-    7.5: ModelConfig(layers=9, hidden=8000, heads=64, vocab=72357, name="table1-7.5b"),
-    128: ModelConfig(layers=16, hidden=25600, heads=200, vocab=83566, name="table1-128b"),
-    1000: ModelConfig(layers=52, hidden=40000, heads=250, vocab=38298, name="table1-1t"),
+    size: PRESETS[name] for name, size in NOMINAL_BILLIONS.items() if name.startswith("table1-")
 }
 PRECISION = PrecisionConfig(mode="bf16")  # 2 + 2 + 12 bytes per parameter (K = 12)
+Cell = tuple[float, int, int]  # (size in billions, N_d, stage)
 
 
 def printed(value: float, like: str, truncate: bool) -> Decimal:
@@ -56,13 +54,34 @@ def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
     return sum(trace_states(spec).values())
 
 
-def table1(traced: dict[float, tuple[int, ...]] | None = None, log=None) -> pd.DataFrame:
+def traced_cells(records: list[dict]) -> dict[Cell, int]:
+    """Model-state bytes per Table 1 cell from traced records of the Table 1 presets."""
+    return {
+        (NOMINAL_BILLIONS[r["model"]], r["dp"], r["stage"]): r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+        for r in records
+        if r["source"] == "traced" and r["status"] == "ok" and r["model"] in NOMINAL_BILLIONS
+    }
+
+
+def trace_cells(nds: dict[float, tuple[int, ...]], log=None) -> dict[Cell, int]:
+    """Trace the cells named by `nds` (size -> N_d) in this process, every stage."""
+    out = {}
+    for size, model_nds in nds.items():
+        for nd in model_nds:
+            for stage in STAGES:
+                t0 = time.perf_counter()
+                out[size, nd, stage] = traced_state_bytes(MODELS[size], stage, nd)
+                if log:
+                    log(f"traced {MODELS[size].name} stage {stage} N_d {nd}: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def table1(traced: dict[Cell, int]) -> pd.DataFrame:
     """One row per paper cell: model, nd, stage, paper_gb, formula_gb, traced_gb, match.
 
-    `traced` names, per model size, the N_d whose cells are traced (default: TRACED_NDS); the
-    others are NaN in `traced_gb` and checked against the formula alone. `match` is True when the
-    formula and (where present) the trace print as the paper's cell."""
-    traced = {size: TRACED_NDS for size in MODELS} if traced is None else traced
+    `traced` holds the engine's model-state bytes of the cells that were traced; the others are
+    NaN in `traced_gb` and checked against the formula alone. `match` is True when the formula and
+    (where present) the trace print as the paper's cell."""
     ref = load_paper_reference()
     ref = ref[ref.artifact == "table1"]
     rows = []
@@ -72,12 +91,7 @@ def table1(traced: dict[float, tuple[int, ...]] | None = None, log=None) -> pd.D
         model = MODELS[size]
         truncate = "truncated" in str(r.notes)
         formula = memory.total_model_state_bytes(model.num_params, stage, nd) / GB
-        traced_gb = float("nan")
-        if nd in traced.get(size, ()):
-            t0 = time.perf_counter()
-            traced_gb = traced_state_bytes(model, stage, nd) / GB
-            if log:
-                log(f"traced {model.name} stage {stage} N_d {nd}: {time.perf_counter() - t0:.1f} s")
+        traced_gb = traced[size, nd, stage] / GB if (size, nd, stage) in traced else float("nan")
         paper = Decimal(str(r.value))
         match = printed(formula, str(r.value), truncate) == paper and (
             traced_gb != traced_gb or printed(traced_gb, str(r.value), truncate) == paper
@@ -125,10 +139,10 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(outdir: str | Path, traced: dict[float, tuple[int, ...]] | None = None) -> pd.DataFrame:
+def write(outdir: str | Path, nds: dict[float, tuple[int, ...]]) -> pd.DataFrame:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    df = table1(traced, log=lambda s: print(s, file=sys.stderr))
+    df = table1(trace_cells(nds, log=lambda s: print(s, file=sys.stderr)))
     df.to_csv(outdir / "table1.csv", index=False)
     (outdir / "table1.md").write_text(markdown(df))
     return df
@@ -137,5 +151,5 @@ def write(outdir: str | Path, traced: dict[float, tuple[int, ...]] | None = None
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--all"]):
         sys.exit("usage: python -m zerobench.table1 OUTDIR [--all]")
-    frame = write(sys.argv[1], {size: NDS for size in MODELS} if sys.argv[2:] else None)
+    frame = write(sys.argv[1], {size: NDS if sys.argv[2:] else TRACED_NDS for size in MODELS})
     sys.exit(0 if frame.match.all() else 1)

@@ -167,12 +167,13 @@ def _calibrated_largest(record: dict) -> float | None:
     return largest_under_budget(record)
 
 
-def table1() -> pd.DataFrame:
-    """Table 1 cell by cell (zerobench.table1): the engine's traced bytes where traced, else the
-    formula's, beside the paper's printed cell."""
+def table1(records: list[dict]) -> pd.DataFrame:
+    """Table 1 cell by cell (zerobench.table1): the engine's traced bytes where a traced record
+    has the cell, else the formula's, beside the paper's printed cell."""
     from zerobench.table1 import table1 as cells
+    from zerobench.table1 import traced_cells
 
-    df = cells()
+    df = cells(traced_cells(records))
     traced = df.traced_gb.notna()
     ours = df.traced_gb.where(traced, df.formula_gb)
     return df.assign(
@@ -220,7 +221,7 @@ def superlinear(records: list[dict]) -> pd.DataFrame:
 
 FROM_RECORDS = {
     "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
-    "model_vs_measured": model_vs_measured,
+    "model_vs_measured": model_vs_measured, "table1": table1,
 }  # fmt: skip
 
 
@@ -235,14 +236,11 @@ def record_paths(paths: list[str]) -> list[Path]:
 def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame:
     """The table of `kind` from the record files (or modelled groups' directories) at `paths`.
     The paper's performance artifacts (zerobench.paper_tables) join each record to its trial in
-    `sheet` by file name (<trial id>.json) and keep the sheet's order; table1 comes from
-    zerobench.table1."""
+    `sheet` by file name (<trial id>.json) and keep the sheet's order."""
     from zerobench.paper_tables import BUILDERS
 
-    if kind == "table1":
-        return table1()
     if kind not in FROM_RECORDS and kind not in BUILDERS:
-        raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, 'table1', *BUILDERS])}")
+        raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, *BUILDERS])}")
     files = record_paths(paths)
     if not files:
         raise ValueError(f"table {kind}: needs record files")

@@ -208,9 +208,19 @@ def trace_step(spec: TrialSpec) -> dict:
         }
 
 
-def trace_record(spec: TrialSpec) -> dict:
-    """One `traced` record of `spec` (the CLI's `zerobench trace`); errors become status `error`."""
+def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
+    """One `traced` record of `spec` (the CLI's `zerobench trace`); errors become status `error`.
+    `states_only`: the engine built and its model states counted, no step (Table 1's cells)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
+    if states_only:
+        try:
+            states = trace_states(spec)
+        except Exception as exc:
+            return spec.record("traced", status="error", error=short_error(exc))
+        return spec.record(
+            "traced", param_bytes=states["param"], grad_bytes=states["grad"], optimizer_bytes=states["optimizer"],
+            extra={"memory_counter": COUNTER, "states_only": True, "trace_cpu_seconds": time.process_time() - cpu0},
+        )  # fmt: skip
     try:
         out = trace_step(spec)
     except Exception as exc:  # a record either way, as `zerobench run` does

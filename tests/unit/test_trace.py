@@ -8,9 +8,11 @@ import torch.distributed as dist
 
 from tests.engine_cases import spec_for
 from zerobench import memory
+from zerobench.config import ParallelConfig, PrecisionConfig
 from zerobench.model import GPT
-from zerobench.table1 import MODELS, printed, table1, traced_state_bytes
+from zerobench.table1 import MODELS, printed, table1, traced_cells, traced_state_bytes
 from zerobench.trace import StorageCounter, fake_world, trace_record, trace_states, trace_step
+from zerobench.trial import TrialSpec
 
 
 def test_counter_files_bytes_by_category_and_keeps_the_peak():
@@ -108,13 +110,13 @@ def test_printed_truncates_or_rounds_like_the_paper():
 
 
 def test_formula_gives_every_paper_cell():
-    df = table1(traced={})
+    df = table1({})
     assert len(df) == 54 and df.traced_gb.isna().all()
     assert df.match.all(), df[~df.match]
 
 
 def test_formula_would_catch_a_wrong_cell():
-    df = table1(traced={})
+    df = table1({})
     wrong = df.assign(formula_gb=df.formula_gb * 1.01)
     assert not all(
         printed(f, f"{p:g}", r == "truncated") == Decimal(f"{p:g}")
@@ -127,3 +129,18 @@ def test_a_traced_table1_cell():
     b = traced_state_bytes(MODELS[7.5], 3, 64)
     assert printed(b / 1e9, "1.88", truncate=False) == Decimal("1.88")
     assert b == pytest.approx(16 * 7.5e9 / 64, rel=1e-6)
+
+
+def test_table1_from_a_states_only_record():
+    """The workflow's route: `zerobench trace --states-only` writes a record, the table reads the
+    cell from it (7.5B, P_os+g, N_d = 4: (2 + 14/4)Ψ = 41.25 GB, printed 41.3 in the paper)."""
+    spec = TrialSpec(MODELS[7.5], ParallelConfig(dp=4, stage=2), PrecisionConfig(mode="bf16"))
+    record = trace_record(spec, states_only=True)
+    assert record["status"] == "ok" and record["activation_bytes"] is None  # no step was run
+    assert (
+        record["param_bytes"] + record["grad_bytes"] + record["optimizer_bytes"]
+        == 2 * 7_500_000_000 + 14 * 7_500_000_000 // 4
+    )
+    df = table1(traced_cells([record]))
+    cell = df[(df.model == "7.5B") & (df.nd == 4) & (df.stage == 2)].iloc[0]
+    assert cell.traced_gb == pytest.approx(41.25) and cell.match and df.traced_gb.notna().sum() == 1
