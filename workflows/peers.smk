@@ -15,6 +15,8 @@ rule peers:
         "results/logs/peers.log",
     conda:
         "envs/zerobench.yaml"
+    resources:
+        trial_slots=1,  # timed: never beside a measured trial
     params:
         model=PEERS["model"],
         dp=PEERS["dp"],
