@@ -182,6 +182,8 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda': no CUDA device is visible")
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the engine's compute dtypes
+    if device == "cpu":  # per core, as the workflow runs its ranks: one intra-op thread each (Snakefile)
+        torch.set_num_threads(1)
     gemm = gemm_table(device, dtype, log)
     elementwise, per_kernel = elementwise_table(device, dtype, log)
     adam = adam_seconds_per_param(device, log)

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import json
 import sys
-from pathlib import Path
 
 from zerobench.cli_args import configs, hardware_args, mib, model_args, parallel_args, train_args
 from zerobench.config import ConfigError
@@ -55,6 +54,7 @@ def _run_with_time_limit(args, limit: float) -> dict:
     import subprocess
 
     from zerobench.fit_search import pinned
+    from zerobench.procs import process_tree
     from zerobench.results import read_record, write_record
 
     if not args.out:
@@ -64,7 +64,7 @@ def _run_with_time_limit(args, limit: float) -> dict:
     try:
         child.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        for pid in _process_tree(child.pid):  # the launcher starts each rank in a session of its own
+        for pid in process_tree(child.pid):  # the launcher starts each rank in a session of its own
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         child.wait()
@@ -74,20 +74,6 @@ def _run_with_time_limit(args, limit: float) -> dict:
         error = f"exit code {child.returncode}"
         write_record(_trial_spec(args).record("measured", status="error", error=error), args.out)
     return read_record(args.out)
-
-
-def _process_tree(root: int) -> list[int]:
-    """`root` and all its descendants, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    tree, todo = [], [root]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    return tree
 
 
 def _write_infeasible(args, exc: ConfigError) -> None:

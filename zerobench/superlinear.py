@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.tables import STAGE_LABELS
+from zerobench.config import STAGE_LABELS
 
 # Two timings of the same work that differ by more than this factor mark the run as too noisy to
 # size the effect (stage 3 at N_d = 1 partitions nothing: its step is stage 0's plus hook overhead).

@@ -116,11 +116,14 @@ def test_measured_profile_terms_hand_derived():
     elementwise = 2 * 3 * (2 * 2 * t * h + 2 * 4 * t * h + 2 * 3 * t * h) * 4 / BW  # layers, passes, kernels, fp32
     assert pred.compute_s == pytest.approx(3 * gemm_fwd / RATE + elementwise)
     assert pred.optimizer_s == pytest.approx(model.num_params * 5e-9) and pred.overhead_s == 0.0
-    # two ranks on the host split it: the same per-rank work takes twice as long; stage 1's
-    # reduce-scatter and all-gather of 4-byte values cost alpha + ring volume / bandwidth as measured
+    # rates are per core: two ranks on the 2-core host own a core each (the same per-rank time),
+    # four share them (twice as long); stage 1's reduce-scatter and all-gather of 4-byte values
+    # cost alpha + ring volume / bandwidth as measured
     two = predict(model, ParallelConfig(dp=2, mp=1, stage=1), PrecisionConfig("fp32", "cpu"),
                   TrainConfig(micro_batch=b), CPU, attention="fused")  # fmt: skip
-    assert two.compute_s == pytest.approx(2 * pred.compute_s)
+    four = predict(model, ParallelConfig(dp=4, mp=1, stage=1), PrecisionConfig("fp32", "cpu"),
+                   TrainConfig(micro_batch=b), CPU, attention="fused")  # fmt: skip
+    assert two.compute_s == pytest.approx(pred.compute_s) and four.compute_s == pytest.approx(2 * pred.compute_s)
     half = model.num_params * 4 / 2  # (n-1)/n of the gradient bytes per rank
     assert two.dp_comm_s == pytest.approx(2e-4 + half / 5e8 + 3e-4 + half / 2.5e8)
     # materialized attention adds the softmax pass over a/mp·b·s² scores, forward + backward

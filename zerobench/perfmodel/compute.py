@@ -54,7 +54,7 @@ def compute_time(
     cal: Calibration,
     attention: str = "materialized",
     act_bytes: int = 2,
-    share: int = 1,
+    share: float = 1,
 ) -> tuple[float, float]:
     """(seconds of compute per step, efficiency used) for one GPU: GEMMs plus memory-bound ops.
     On a measured profile the efficiency is 1 (its rates are achieved) and `share` ranks split
@@ -82,7 +82,7 @@ def backward_fraction(recompute: bool) -> float:
     return 3.0 / 4.0 if recompute else 2.0 / 3.0
 
 
-def optimizer_time(params_on_gpu: float, hw: HardwareProfile, cal: Calibration, share: int = 1) -> float:
+def optimizer_time(params_on_gpu: float, hw: HardwareProfile, cal: Calibration, share: float = 1) -> float:
     """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once), or
     the measured seconds per parameter of a calibrated profile (`share` ranks split the host)."""
     if hw.measured:

@@ -87,7 +87,7 @@ def elementwise_bw(hw: HardwareProfile, nbytes: float) -> float:
 
 def measured_compute_time(
     model: ModelConfig, mp: int, micro_batch: int, grad_accum: int, recompute: bool, attention: str,
-    act_bytes: int, hw: HardwareProfile, share: int = 1,
+    act_bytes: int, hw: HardwareProfile, share: float = 1,
 ) -> tuple[float, dict]:  # fmt: skip
     """(seconds of compute per step, seconds per term) on a measured profile; `share` ranks split
     the host's compute (CPU ranks on one host)."""

@@ -86,7 +86,9 @@ def predict(
     recompute = parallel.checkpoint_activations
     _, g_bytes, _ = precision.bytes_pgk
     act_bytes = activation_dtype_bytes(precision, hw)
-    share = parallel.world_size if hw.ranks_share_compute else 1  # CPU ranks split the host's cores
+    # a CPU profile is measured per core (one thread per rank): ranks share a core only past the
+    # host's cores (`gpus_per_node` of a CPU profile)
+    share = max(1.0, parallel.world_size / hw.gpus_per_node) if hw.ranks_share_compute else 1
     mem = breakdown(model, parallel, precision, b, hw, cal, attention)
     comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share)
     mp_t, host_t = network.mp_comm_time(

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from zerobench.config import ConfigError
-from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.profile import HardwareProfile
 
 FORMAT = "zerobench-hardware-profile/1"
 OPS = ("all_reduce", "reduce_scatter", "all_gather")

@@ -1,0 +1,51 @@
+"""The hardware profile as a type: what the performance model knows of one GPU (or CPU host) and
+its links. Its own module so that the datasheet profiles (hardware.py) and the profile files that
+`zerobench calibrate` writes (profile_file.py) both build on it without importing each other.
+Units: bytes, bytes/s, FLOP/s, seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 2**30
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    gpu: str
+    peak_flops: float  # dense fp16/bf16 tensor-core FLOP/s per GPU
+    memory_bytes: float  # device memory per GPU, bytes
+    hbm_bw: float  # device memory bandwidth, bytes/s
+    gpus_per_node: int
+    intra_bw: float  # NVLink/NVSwitch bandwidth per GPU per direction, bytes/s
+    nic_bw: float  # one InfiniBand NIC, per direction, bytes/s
+    nics_per_node: int
+    host_bw: float  # GPU <-> host (PCIe) bandwidth per GPU per direction, bytes/s
+    intra_latency: float = 5e-6  # α per ring step on NVLink/NVSwitch, s (NCCL typical)
+    inter_latency: float = 10e-6  # α per ring step across InfiniBand, s (NCCL typical)
+    # cuBLAS of CUDA 10 uses tensor cores only when every GEMM dimension is a multiple of 8 (fp16);
+    # other GEMMs run on the CUDA cores at `unaligned_flops`. CUDA 11+ pads instead (align 1).
+    tensor_core_align: int = 1
+    unaligned_flops: float | None = None
+    # --- measured by `zerobench calibrate` (zerobench/calibrate.py); empty in datasheet profiles ---
+    measured: bool = False  # rates are achieved rates: the model applies no efficiency to them
+    gemm_table: tuple = ()  # ((m, n, k, FLOP/s), ...): achieved GEMM rate per shape
+    elementwise_table: tuple = ()  # ((tensor bytes, bytes/s read + written), ...): element-wise kernels
+    adam_s_per_param: float = 0.0  # seconds of the optimizer step per fp32 parameter updated
+    collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
+    ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
+    # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
+    # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
+    reserve_bytes: float | None = None
+
+    @property
+    def node_ib_bw(self) -> float:
+        """InfiniBand bandwidth of one node, per direction (bytes/s)."""
+        return self.nic_bw * self.nics_per_node
+
+    @property
+    def ib_share_per_gpu(self) -> float:
+        """The per-GPU share of the node's InfiniBand when every GPU sends at once (bytes/s)."""
+        return self.node_ib_bw / self.gpus_per_node
