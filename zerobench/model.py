@@ -15,12 +15,14 @@ the whole tensor and keeps its slice, so every layout starts from the single-pro
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zerobench.config import ModelConfig
+if TYPE_CHECKING:  # the shape only; at run time the model imports nothing of zerobench
+    from zerobench.config import ModelConfig
 
 
 class _Cast(nn.Module):
