@@ -61,15 +61,6 @@ class Ledger:
     def reset(self) -> None:
         self.entries.clear()
 
-    def volume(self, ops=None, group: str | None = None, min_numel: int = 0) -> float:
-        """Per-rank volume in elements over the matching ops (and calls of at least `min_numel`
-        elements on average: scalar all-reduces for norms and overflow flags can be left out)."""
-        return sum(
-            e.volume_elements
-            for (op, g), e in self.entries.items()
-            if (ops is None or op in ops) and (group is None or g == group) and e.elements >= min_numel * e.calls
-        )
-
     def as_dict(self) -> dict:
         return {f"{op}/{g}": asdict(e) for (op, g), e in sorted(self.entries.items())}
 
