@@ -1,0 +1,52 @@
+"""External validation (perfmodel/external.py, zerobench/data/external_runs.csv) and the per-GPU
+constants: measured GEMM efficiency, the rest fitted on the GPU's own runs (docs/perfmodel.md)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from zerobench.perfmodel.calibration import DEFAULT, GEMM_EFF_MEASURED
+from zerobench.perfmodel.external import DATA, summary, validate
+from zerobench.perfmodel.fit import HARDWARE_KNOBS, fit_hardware
+
+
+def test_three_independent_sources_with_a100_or_newer_and_a_split_per_source():
+    df = pd.read_csv(DATA)
+    assert df.source.nunique() >= 3 and len(df) >= 20
+    assert set(df.hardware) <= {"a100-80gb", "h100-80gb", "h200-141gb"}
+    for source, rows in df.groupby("source"):  # every source has rows on both sides of the split
+        assert set(rows.split) == {"fit", "validation"}, source
+        assert rows.citation.str.contains("commit").all(), source  # a pinned revision in every citation
+
+
+def test_nemo_megatron_rows_are_the_readme_tables_per_gpu():
+    rows = pd.read_csv(DATA).query("source == 'nemo-megatron'")
+    # 1-node throughputs of the two README tables (39543 and 40345 tokens/s on 8 GPUs)
+    assert sorted(rows[rows.gpus == 8].value) == pytest.approx([39543 / 8, 40345 / 8], abs=1e-3)
+    global_batch = rows.micro_batch * rows.grad_accum * rows.gpus / rows.mp
+    assert set(global_batch) == {1440, 2048}  # the 5b.yaml of each commit
+    assert (rows.split == "fit").sum() == 5  # every third row of the source
+
+
+def test_gemm_efficiency_is_the_microbenchmark_and_not_fitted():
+    assert GEMM_EFF_MEASURED["a100-80gb"] == pytest.approx(0.869, abs=1e-3)  # 271.2 / 312 TFLOPS
+    assert GEMM_EFF_MEASURED["h100-80gb"] == pytest.approx(0.803, abs=1e-3)  # 794.5 / 989 TFLOPS
+    for name, eff in GEMM_EFF_MEASURED.items():
+        assert DEFAULT.for_hardware(name).gemm_eff_max == eff
+    assert "gemm_eff_max" not in HARDWARE_KNOBS
+    fitted = fit_hardware("h100-80gb", iters=2)
+    assert fitted["gemm_eff_max"] == GEMM_EFF_MEASURED["h100-80gb"]
+
+
+def test_per_hardware_is_the_fixed_point_of_its_fit():
+    fitted = fit_hardware("a100-80gb")
+    for knob in HARDWARE_KNOBS:
+        assert DEFAULT.per_hardware["a100-80gb"][knob] == pytest.approx(fitted[knob], rel=2e-3), knob
+
+
+def test_validation_mape_per_source_meets_the_target():
+    table = summary(validate())
+    val = table[table.split == "validation"]
+    assert (val.mape_pct <= 15.0).all()  # the issue's target, per source and over all (7.9 % when written)
+    assert val.points.iloc[-1] == val.points.iloc[:-1].sum()
