@@ -16,6 +16,9 @@ rule run_trial:
         source="measured",
     conda:
         "envs/zerobench.yaml"
+    # One core per rank (capped at --cores): no other job, a traced trial or a modelled group,
+    # shares the cores this trial times its steps on.
+    threads: trial_world
     resources:
         gpu=trial_gpus,
         tasks=trial_world,

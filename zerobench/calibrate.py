@@ -3,21 +3,24 @@ written as a measured hardware profile (perfmodel/profile_file.py) that `model`,
 the workflow take by path or name.
 
 Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
-- GEMMs (compute.py): `torch.mm` over a grid of (m, n, k) shapes in the compute dtype the engine
-  uses (fp32 on CPU, where 16-bit matmul is ~300x slower; bf16 on GPU);
-- element-wise kernels: layernorm, GeLU and a residual add at several tensor sizes, as bytes read
-  and written per second (caches make small tensors faster, so it is a table by size);
-- the optimizer: torch's Adam (fused on CPU, as zero/optimizer.py runs it) seconds per parameter;
+- compute (zerobench/calibrate_kernels.py), in the compute dtype the engine uses (fp32 on CPU,
+  where 16-bit matmul is ~300x slower; bf16 on GPU): F.linear over a grid of shapes and the named
+  kernels by size, forward and backward through autograd; the engine's Adam and clip per
+  parameter; the cost of an op beside its arithmetic, and the ops a layer runs;
 - collectives: all-reduce, reduce-scatter and all-gather through zerobench/comms.py in spawned
   gloo (CPU) or NCCL (GPU) worlds of each group size, fitted as α + ring volume / bandwidth;
-- host↔device copies (GPU only): pinned copies, bytes/s.
+- host↔device copies (GPU only): pinned copies, bytes/s;
+- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial).
 Every benchmark prints one progress line. About a minute on two CPU cores.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,92 +28,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
+from zerobench.calibrate_kernels import gemm_table, kernel_table, op_overhead, optimizer_seconds, timed
 from zerobench.config import ConfigError
 from zerobench.devices import hardware_profile
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 
-# GEMM grid per device: each dimension from these values (log-spaced), shapes above the FLOP cap
-# skipped (they are saturated; the model reads their rate from the largest measured neighbours).
-GEMM_DIMS = {"cpu": (64, 256, 1024, 4096), "cuda": (256, 1024, 4096, 16384)}
-GEMM_FLOP_CAP = {"cpu": 4e9, "cuda": 2e12}
-ELEMENTWISE_NUMEL = {"cpu": (2**16, 2**19, 2**22), "cuda": (2**20, 2**24, 2**27)}
 COLLECTIVE_NUMEL = (2**10, 2**14, 2**18, 2**21)  # fp32 elements per message
 COLLECTIVE_REPS = 5
-ADAM_PARAMS = 2**22
-
-
-def _time(fn, device: str, min_s: float = 0.05, reps: int = 3) -> float:
-    """Median seconds of `fn()` over `reps` timings, each repeating it for at least `min_s`."""
-    fn()  # warm-up (first-call allocation, kernel selection)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    samples = []
-    for _ in range(reps):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            sync()
-            if (elapsed := time.perf_counter() - t0) >= min_s:
-                break
-        samples.append(elapsed / n)
-    return statistics.median(samples)
-
-
-def gemm_table(device: str, dtype: torch.dtype, log) -> list[list]:
-    rows = []
-    dims = GEMM_DIMS[device]
-    for m in dims:
-        for n in dims:
-            for k in dims:
-                if 2 * m * n * k > GEMM_FLOP_CAP[device]:
-                    continue
-                a = torch.randn(m, k, device=device, dtype=dtype)
-                b = torch.randn(k, n, device=device, dtype=dtype)
-                rows.append([m, n, k, 2 * m * n * k / _time(lambda a=a, b=b: torch.mm(a, b), device, 0.02)])
-    best = max(r[3] for r in rows)
-    log(f"gemm: {len(rows)} shapes, {dtype}, best {best / 1e9:.1f} GFLOP/s")
-    return rows
-
-
-def elementwise_table(device: str, dtype: torch.dtype, log) -> tuple[list[list], dict]:
-    """Bytes read + written per second by the layer's element-wise kernels, per tensor size; the
-    table keeps the median over the kernels at each size."""
-    rows, per_kernel = [], {}
-    h = 256  # row width of the normalised tensors
-    for numel in ELEMENTWISE_NUMEL[device]:
-        x = torch.randn(numel // h, h, device=device, dtype=dtype)
-        y = torch.randn_like(x)
-        w = torch.ones(h, device=device, dtype=dtype)
-        nbytes = numel * x.element_size()
-        kernels = {  # (fn, tensors read + written)
-            "layernorm": (lambda x=x, w=w: F.layer_norm(x, (h,), w, w), 2),
-            "gelu": (lambda x=x: F.gelu(x), 2),
-            "residual_add": (lambda x=x, y=y: x + y, 3),
-        }
-        rates = {name: io * nbytes / _time(fn, device, 0.02) for name, (fn, io) in kernels.items()}
-        per_kernel[str(nbytes)] = rates
-        rows.append([nbytes, statistics.median(rates.values())])
-        log(f"elementwise {nbytes / 2**20:.1f} MiB: {rows[-1][1] / 1e9:.1f} GB/s ({', '.join(rates)})")
-    return rows, per_kernel
-
-
-def adam_seconds_per_param(device: str, log) -> float:
-    p = torch.zeros(ADAM_PARAMS, device=device, requires_grad=True)
-    p.grad = torch.randn_like(p)
-    opt = torch.optim.Adam([p], lr=1e-3, fused=device == "cpu" or None, foreach=False if device == "cpu" else None)
-    s = _time(opt.step, device, 0.1) / ADAM_PARAMS
-    log(f"adam: {s * 1e9:.2f} ns per parameter")
-    return s
 
 
 def host_copy_bw(log) -> float:
     x = torch.empty(2**26, dtype=torch.uint8, pin_memory=True)
     d = torch.empty(2**26, dtype=torch.uint8, device="cuda")
-    rate = min(x.numel() / _time(lambda: d.copy_(x, non_blocking=True), "cuda"),
-               x.numel() / _time(lambda: x.copy_(d, non_blocking=True), "cuda"))  # fmt: skip
+    rate = min(x.numel() / timed(lambda: d.copy_(x, non_blocking=True), "cuda"),
+               x.numel() / timed(lambda: x.copy_(d, non_blocking=True), "cuda"))  # fmt: skip
     log(f"host<->device: {rate / 1e9:.1f} GB/s")
     return rate
 
@@ -150,6 +83,29 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
     dist.destroy_process_group()
 
 
+def runtime_bytes(log) -> float:
+    """RSS a fresh process gains by running a tiny model's first steps (`zerobench run`, one
+    rank) beyond the tensors the engine holds at its peak (perfmodel/engine_memory.py): code
+    paged in, thread pools, the allocator's own. Measured under the allocator this process runs
+    with (LD_PRELOAD), as the workflow's trials are."""
+    from zerobench import allocator
+    from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
+    from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
+
+    model, precision = preset("tiny"), PrecisionConfig("fp32", "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "tiny.json")
+        cmd = [sys.executable, "-m", "zerobench.cli", "run", "--model", model.name, "--precision", "fp32",
+               "--micro-batch", str(TrainConfig().micro_batch), "--steps", "2", "--warmup", "1", "--out", out,
+               "--allocator", allocator.in_use()]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        growth = json.loads(Path(out).read_text())["rss_growth_bytes"]
+    peak = engine_peak(model, ParallelConfig(), precision, TrainConfig().micro_batch, PROFILES["v100-32gb-dgx2"])
+    runtime = max(0.0, growth - tensor_peak(peak))
+    log(f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors ({growth / 2**20:.1f} MiB grown, tiny model)")
+    return runtime
+
+
 def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least squares t = α + v/β over (per-rank ring volume in bytes, seconds); α ≥ 0."""
     n = len(points)
@@ -185,8 +141,13 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     if device == "cpu":  # per core, as the workflow runs its ranks: one intra-op thread each (Snakefile)
         torch.set_num_threads(1)
     gemm = gemm_table(device, dtype, log)
-    elementwise, per_kernel = elementwise_table(device, dtype, log)
-    adam = adam_seconds_per_param(device, log)
+    kernels = kernel_table(device, dtype, log)
+    adam, clip = optimizer_seconds(device, log)
+    per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
+    runtime = runtime_bytes(log) if device == "cpu" else 0.0  # a GPU's memory model is the paper's
+    # bytes/s of the residual add (read 2, write 1) at its largest size: the memory bandwidth
+    add = max((r for r in kernels if r[0] == "residual_add"), key=lambda r: r[1])
+    stream_bw = 3 * add[1] * torch.tensor([], dtype=dtype).element_size() / add[2]
     devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
     sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
     coll, coll_samples = collectives(device, sizes, log)
@@ -204,16 +165,17 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     else:
         gpu = f"CPU x{os.cpu_count()} cores"
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-        per_node, host = os.cpu_count() or 1, max(r[1] for r in elementwise)  # a host "copy" is a memcpy
+        per_node, host = os.cpu_count() or 1, stream_bw  # a host "copy" is a memcpy
     profile = HardwareProfile(
         name=name or f"calibrated-{device}", gpu=gpu, peak_flops=max(r[3] for r in gemm), memory_bytes=memory,
-        hbm_bw=max(r[1] for r in elementwise), gpus_per_node=per_node, intra_bw=ring_bw, nic_bw=ring_bw,
+        hbm_bw=stream_bw, gpus_per_node=per_node, intra_bw=ring_bw, nic_bw=ring_bw,
         nics_per_node=1, host_bw=host, intra_latency=alpha, inter_latency=alpha, measured=True,
-        gemm_table=tuple(map(tuple, gemm)), elementwise_table=tuple(map(tuple, elementwise)),
-        adam_s_per_param=adam, collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
+        gemm_table=tuple(map(tuple, gemm)), kernel_table=tuple(map(tuple, kernels)),
+        adam_s_per_param=adam, clip_s_per_param=clip, op_overhead_s=per_op, ops_per_layer=ops_per_layer,
+        ops_fixed=ops_fixed, runtime_bytes=runtime, collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
         reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
-    samples = {"elementwise_per_kernel": per_kernel, "collectives": coll_samples, "torch": torch.__version__,
+    samples = {"collectives": coll_samples, "torch": torch.__version__,
                "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "gemm": gemm}  # fmt: skip
     return profile, samples

@@ -26,7 +26,10 @@ def _trial_spec(args):
 
 
 def cmd_run(args) -> int:
+    from zerobench import allocator
     from zerobench.fit_search import searched
+
+    allocator.use(args.allocator, args.argv)
 
     record = searched(args, _run_once)
     if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
@@ -141,7 +144,10 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    from zerobench import allocator
     from zerobench.calibrate import main as calibrate
+
+    allocator.use(args.allocator, args.argv)
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
@@ -194,6 +200,11 @@ def _summarise(record: dict) -> None:
     print(json.dumps({k: record.get(k) for k in keys if record.get(k) is not None}, indent=1))
 
 
+def allocator_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allocator", default="auto", choices=("auto", "jemalloc", "system"),
+                   help="host allocator on CPU (zerobench/allocator.py); auto: jemalloc when installed")  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zerobench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -208,6 +219,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--data", default="synthetic", help="synthetic, or a text file / shipped corpus (byte tokens)")
     run.add_argument("--mem-cap-mb", type=float, help="per-rank budget (MiB); exceeding it is status oom")
     run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
+    allocator_arg(run)
     policy_args(run)
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
@@ -237,6 +249,7 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--out", default="calibrated-cpu", help="profile JSON path, or NAME (results/profiles/NAME.json)")
     cal.add_argument("--group-sizes", default="2", help="collective group sizes to measure, comma-separated")
+    allocator_arg(cal)
     cal.set_defaults(fn=cmd_calibrate)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
     sweep_args(sub.add_parser("sweep", help="a sheet's modelled groups in one process, one record per trial"))

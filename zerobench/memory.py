@@ -43,7 +43,14 @@ def checkpoint_bytes(
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process since it started (CPU runs)."""
+    """Peak resident set size of this process since it started or since `reset_peak_rss` (CPU
+    runs): Linux's VmHWM, which clear_refs resets. Not getrusage's ru_maxrss: that one keeps the
+    parent's RSS at fork across exec, so a rank started by a 600 MiB process "peaks" at 600 MiB."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerobench import faults, flops, memory, snapshot
+from zerobench import allocator, faults, flops, memory, snapshot
 from zerobench.comms import Comms
 from zerobench.data import micro_batches, token_source
 from zerobench.devices import StepTimer, hardware_profile, mfu, peak_memory
@@ -179,6 +179,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
         last_loss=float(loss_t[-1]),
         extra={
             "rss_growth_bytes": int(peaks[3]),
+            "allocator": allocator.in_use(),
             **({"checkpoint_host_bytes": store.peak_host_bytes} if store else {}),
             **({"fragmentation_bytes": int(peaks[2] - peaks[1])} if cuda else {}),
         },

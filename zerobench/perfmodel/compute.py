@@ -55,14 +55,13 @@ def compute_time(
     attention: str = "materialized",
     act_bytes: int = 2,
     share: float = 1,
+    mixed: bool = False,
 ) -> tuple[float, float]:
     """(seconds of compute per step, efficiency used) for one GPU: GEMMs plus memory-bound ops.
-    On a measured profile the efficiency is 1 (its rates are achieved) and `share` ranks split
-    the host."""
+    On a measured profile the efficiency is 1 (its rates are achieved), `share` ranks split
+    the host and `mixed` is 16-bit storage computed in fp32 (casts)."""
     if hw.measured:
-        return measured_compute_time(model, mp, micro_batch, grad_accum, recompute, attention, act_bytes, hw, share)[
-            0
-        ], 1.0
+        return measured_compute_time(model, mp, micro_batch, grad_accum, recompute, attention, hw, share, mixed)[0], 1.0
     eff = gemm_efficiency(micro_batch * model.seq, model.hidden / mp, cal)
     flops = flops_per_gpu(model, mp, micro_batch, grad_accum, recompute)
     gemm = flops / (hw.peak_flops * eff)
@@ -82,9 +81,12 @@ def backward_fraction(recompute: bool) -> float:
     return 3.0 / 4.0 if recompute else 2.0 / 3.0
 
 
-def optimizer_time(params_on_gpu: float, hw: HardwareProfile, cal: Calibration, share: float = 1) -> float:
+def optimizer_time(
+    params_on_gpu: float, hw: HardwareProfile, cal: Calibration, share: float = 1, clip: bool = True
+) -> float:
     """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once), or
-    the measured seconds per parameter of a calibrated profile (`share` ranks split the host)."""
+    the measured seconds per parameter of a calibrated profile, Adam and (`clip`) the
+    global-norm clip (`share` ranks split the host)."""
     if hw.measured:
-        return params_on_gpu * hw.adam_s_per_param * share
+        return params_on_gpu * (hw.adam_s_per_param + (hw.clip_s_per_param if clip else 0.0)) * share
     return params_on_gpu * cal.adam_bytes_per_param / (hw.hbm_bw * cal.hbm_efficiency)

@@ -1,6 +1,6 @@
 """The kernels one transformer layer runs, by name and shape, and their time on a measured
-(calibrated) profile: each GEMM at the rate measured for its own shape, each element-wise kernel
-at the bandwidth measured for its tensor size.
+(calibrated) profile: each linear at the rates measured for its own shape (forward and
+backward), each named kernel at the time measured for its size (zerobench/calibrate_kernels.py).
 
 Per layer and micro-batch on one MP rank (t = b·s tokens, h hidden, a/mp local heads, d = h/a;
 Megatron's column/row split, paper §4.2; the engine's zerobench/model.py has the same layout):
@@ -59,51 +59,75 @@ def _log_distance(a: tuple, b: tuple) -> float:
     return math.sqrt(sum(math.log2(x / y) ** 2 for x, y in zip(a, b, strict=True)))
 
 
-def gemm_rate(hw: HardwareProfile, m: int, n: int, k: int) -> float:
-    """FLOP/s for an (m×k)·(k×n) GEMM: inverse-distance weighting (power 4) of the measured shapes
-    in log2 space; an exactly measured shape returns its own rate."""
+def gemm_rate(hw: HardwareProfile, m: int, n: int, k: int, backward: bool = False) -> float:
+    """FLOP/s of F.linear with m tokens, fan-in k, fan-out n (forward, or backward's two GEMMs):
+    inverse-distance weighting (power 4) of the measured shapes in log2 space; an exactly
+    measured shape returns its own rate."""
+    col = 4 if backward else 3
     num = den = 0.0
-    for rm, rn, rk, rate in hw.gemm_table:
-        dist = _log_distance((m, n, k), (rm, rn, rk))
+    for row in hw.gemm_table:
+        dist = _log_distance((m, n, k), row[:3])
         if dist < 1e-9:
-            return rate
+            return row[col]
         w = dist**-4
-        num, den = num + w * rate, den + w
+        num, den = num + w * row[col], den + w
     return num / den
 
 
-def elementwise_bw(hw: HardwareProfile, nbytes: float) -> float:
-    """Bytes/s for a kernel over an `nbytes` tensor: linear in log size between the measured
-    sizes, the end values outside them (caches make small tensors faster)."""
-    table = sorted(hw.elementwise_table)
-    if nbytes <= table[0][0]:
-        return table[0][1]
-    for (x0, r0), (x1, r1) in zip(table, table[1:], strict=False):
-        if nbytes <= x1:
-            f = math.log(nbytes / x0) / math.log(x1 / x0)
-            return r0 + f * (r1 - r0)
-    return table[-1][1]
+def kernel_time(hw: HardwareProfile, name: str, size: float) -> tuple[float, float]:
+    """(forward s, backward s) of kernel `name` at `size`: the time per unit of size linear in
+    log size between the measured sizes, the end values outside them (caches make small
+    tensors faster per element; below the smallest size the per-op cost dominates)."""
+    table = sorted((r[1], r[2] / r[1], r[3] / r[1]) for r in hw.kernel_table if r[0] == name)
+    if size <= table[0][0]:
+        return table[0][1] * size, table[0][2] * size
+    for (x0, f0, b0), (x1, f1, b1) in zip(table, table[1:], strict=False):
+        if size <= x1:
+            w = math.log(size / x0) / math.log(x1 / x0)
+            return (f0 + w * (f1 - f0)) * size, (b0 + w * (b1 - b0)) * size
+    return table[-1][1] * size, table[-1][2] * size
+
+
+def _layer_kernels(model: ModelConfig, micro_batch: int, mp: int, attention: str) -> list[tuple[str, float, int]]:
+    """(kernel, size, calls) of one layer's named kernels on one MP rank."""
+    t, h, s, heads = micro_batch * model.seq, model.hidden, model.seq, model.heads // mp
+    kernels = [("layernorm", t * h, 2), ("gelu", t * 4 * h / mp, 1), ("residual_add", t * h, 2)]
+    if attention == "fused":
+        return [*kernels, ("attention", micro_batch * heads * s * s * (h // model.heads), 1)]
+    return [*kernels, ("softmax", micro_batch * heads * s * s, 1)]
 
 
 def measured_compute_time(
     model: ModelConfig, mp: int, micro_batch: int, grad_accum: int, recompute: bool, attention: str,
-    act_bytes: int, hw: HardwareProfile, share: float = 1,
+    hw: HardwareProfile, share: float = 1, mixed: bool = False,
 ) -> tuple[float, dict]:  # fmt: skip
     """(seconds of compute per step, seconds per term) on a measured profile; `share` ranks split
-    the host's compute (CPU ranks on one host)."""
-    gemm = 0.0
+    the host's compute (CPU ranks on one host). Each linear at its shape's measured rate, each
+    named kernel at its size's, and every op's cost beside its arithmetic. Per micro-batch the
+    engine copies each gradient into its flat slot (zero/core.py), and `mixed` (16-bit storage,
+    fp32 compute: model.py's `_Cast`) casts every weight up in forward and its gradient down in
+    backward: copies of the rank's Ψ/mp elements."""
+    fwd = bwd = 0.0
     for _, m, n, k, count in layer_gemms(model, micro_batch, mp):
-        # The per-head products run as one batched kernel (bmm, or inside the fused attention
-        # kernel): rated as one GEMM with the heads' rows stacked, not `count` small calls.
+        if count > 1 and attention == "fused":
+            continue  # the scores and context products run inside the fused attention kernel
+        # the per-head products run as one batched kernel: rated as one GEMM with the rows stacked
         flops, rows = 2 * m * n * k * count, m * count
-        bwd = flops * (1 / gemm_rate(hw, rows, k, n) + 1 / gemm_rate(hw, k if count == 1 else rows, n, m))
-        gemm += flops / gemm_rate(hw, rows, n, k) * (2 if recompute else 1) + bwd
+        fwd += flops / gemm_rate(hw, rows, n, k)
+        bwd += 2 * flops / gemm_rate(hw, rows, n, k, backward=True)
+    gemm = model.layers * (fwd * (2 if recompute else 1) + bwd)
+    fwd = bwd = 0.0
+    for name, size, calls in _layer_kernels(model, micro_batch, mp, attention):
+        f, b = kernel_time(hw, name, size)
+        fwd, bwd = fwd + calls * f, bwd + calls * b
+    kernels = model.layers * (fwd * (2 if recompute else 1) + bwd)
     t, v = micro_batch * model.seq, -(-model.vocab // mp)
-    logits = 2 * t * model.hidden * v * (1 / gemm_rate(hw, t, v, model.hidden) + 1 / gemm_rate(hw, t, model.hidden, v)
-                                         + 1 / gemm_rate(hw, model.hidden, v, t))  # fmt: skip
-    passes = 4 if recompute else 3  # forward, [recompute,] backward = 2 forward's bytes
-    ew = sum(io * act_bytes / elementwise_bw(hw, size * act_bytes)
-             for _, io, size in layer_elementwise(model, micro_batch, mp, attention))  # fmt: skip
-    terms = {"gemm_s": model.layers * gemm + logits, "elementwise_s": model.layers * passes * ew}
+    logits = 2 * t * model.hidden * v
+    gemm += logits / gemm_rate(hw, t, v, model.hidden) + 2 * logits / gemm_rate(hw, t, v, model.hidden, True)
+    kernels += sum(kernel_time(hw, "cross_entropy", t * v)) + sum(kernel_time(hw, "layernorm", t * model.hidden))
+    kernels += (3 if mixed else 1) * kernel_time(hw, "copy", model.num_params / mp)[0]
+    # a recomputed forward dispatches its ops again: about a third of a layer's (forward + backward)
+    ops = hw.ops_per_layer * model.layers * (4 / 3 if recompute else 1) + hw.ops_fixed
+    terms = {"gemm_s": gemm, "kernels_s": kernels, "ops_s": ops * hw.op_overhead_s}
     terms = {k: v * grad_accum * share for k, v in terms.items()}
     return sum(terms.values()), terms

@@ -90,7 +90,8 @@ def predict(
     # host's cores (`gpus_per_node` of a CPU profile)
     share = max(1.0, parallel.world_size / hw.gpus_per_node) if hw.ranks_share_compute else 1
     mem = breakdown(model, parallel, precision, b, hw, cal, attention)
-    comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share)
+    mixed = hw.ranks_share_compute and precision.bytes_pgk[0] != 4  # a CPU host computes in fp32
+    comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share, mixed)
     mp_t, host_t = network.mp_comm_time(
         b, model.seq, model.hidden, model.layers, mp, act_bytes, recompute,
         parallel.partition_activations, parallel.offload_activations, hw, cal,
@@ -102,8 +103,9 @@ def predict(
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
     # launches from autograd hooks as each bucket's gradients are ready. Megatron's own DDP (mp > 1)
-    # all-reduces after backward.
+    # all-reduces after backward. On a CPU host nothing hides: gloo reduces on the cores that compute.
     hidden = (cal.overlap_grad_reduce and parallel.stage >= 2) or (cal.ddp_overlap and parallel.stage == 0 and mp == 1)
+    hidden = hidden and not hw.ranks_share_compute
     updated = psi / parallel.dp if parallel.stage >= 1 else psi
     return Prediction(
         fits=mem.fits,
@@ -113,7 +115,7 @@ def predict(
         mp_comm_s=mp_t * ga,
         host_copy_s=host_t * ga,
         dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s,
-        optimizer_s=compute.optimizer_time(updated, hw, cal, share),
+        optimizer_s=compute.optimizer_time(updated, hw, cal, share, clip=train.clip_norm > 0),
         overhead_s=0.0 if hw.measured else cal.step_overhead_s,  # not measured: none assumed
         efficiency=eff,
         flops_per_gpu=step_flops(model, b * ga, recompute) / mp,

@@ -31,9 +31,16 @@ class HardwareProfile:
     unaligned_flops: float | None = None
     # --- measured by `zerobench calibrate` (zerobench/calibrate.py); empty in datasheet profiles ---
     measured: bool = False  # rates are achieved rates: the model applies no efficiency to them
-    gemm_table: tuple = ()  # ((m, n, k, FLOP/s), ...): achieved GEMM rate per shape
-    elementwise_table: tuple = ()  # ((tensor bytes, bytes/s read + written), ...): element-wise kernels
-    adam_s_per_param: float = 0.0  # seconds of the optimizer step per fp32 parameter updated
+    # ((tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s), ...): F.linear per shape
+    gemm_table: tuple = ()
+    # ((kernel, size, forward s, backward s), ...): the named kernels (calibrate_kernels.py) by size
+    kernel_table: tuple = ()
+    adam_s_per_param: float = 0.0  # seconds of Adam per fp32 parameter updated
+    clip_s_per_param: float = 0.0  # seconds of the global-norm clip per parameter
+    op_overhead_s: float = 0.0  # seconds an op costs beside its arithmetic (forward or backward)
+    ops_per_layer: int = 0  # ops one layer's forward + backward dispatches (counted on the model)
+    ops_fixed: int = 0  # ops of the embedding, final norm and loss, forward + backward
+    runtime_bytes: float = 0.0  # RSS a process gains by running its first steps, beyond its tensors (CPU)
     collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
     # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.

@@ -23,7 +23,9 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 _POSITIVE = ("peak_flops", "memory_bytes", "hbm_bw", "intra_bw", "nic_bw", "host_bw")
 # What a measured profile must carry beside them: the model's terms read these instead of
 # datasheet peaks times fitted efficiencies.
-_MEASURED = ("gemm_table", "elementwise_table", "adam_s_per_param")
+_MEASURED = ("gemm_table", "kernel_table", "adam_s_per_param", "clip_s_per_param", "op_overhead_s",
+             "ops_per_layer", "ops_fixed", "runtime_bytes")
+KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "softmax", "attention", "copy")
 
 
 def profile_dir() -> Path:
@@ -43,7 +45,7 @@ def to_dict(profile: HardwareProfile) -> dict:
     d = dataclasses.asdict(profile)
     d["gemm_table"] = [list(row) for row in profile.gemm_table]
     d["collectives"] = [list(row) for row in profile.collectives]
-    d["elementwise_table"] = [list(row) for row in profile.elementwise_table]
+    d["kernel_table"] = [list(row) for row in profile.kernel_table]
     return d
 
 
@@ -67,15 +69,19 @@ def _rows(field: str, value, width: int, check) -> tuple:
 
 
 def _gemm_row(where: str, row) -> list:
-    m, n, k, rate = row
+    m, n, k, fwd, bwd = row
     for name, v in zip("mnk", (m, n, k), strict=True):
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f"{where}.{name}={v!r}: must be an integer >= 1")
-    return [m, n, k, _number(f"{where}.flops_per_s", rate)]
+    return [m, n, k, _number(f"{where}.forward_flops_per_s", fwd), _number(f"{where}.backward_flops_per_s", bwd)]
 
 
-def _size_rate_row(where: str, row) -> list:
-    return [_number(f"{where}.bytes", row[0]), _number(f"{where}.bytes_per_s", row[1])]
+def _kernel_row(where: str, row) -> list:
+    name, size, fwd, bwd = row
+    if name not in KERNELS:
+        raise ConfigError(f"{where}.kernel={name!r}: must be one of {KERNELS}")
+    return [name, _number(f"{where}.size", size), _number(f"{where}.forward_s", fwd),
+            _number(f"{where}.backward_s", bwd, positive=False)]  # fmt: skip
 
 
 def _collective_row(where: str, row) -> list:
@@ -118,14 +124,20 @@ def from_dict(d: dict) -> HardwareProfile:
     for name in ("measured", "ranks_share_compute"):
         if name in d and not isinstance(d[name], bool):
             raise ConfigError(f"{name}={d[name]!r}: must be true or false")
-    v["gemm_table"] = _rows("gemm_table", d.get("gemm_table", []), 4, _gemm_row)
+    v["gemm_table"] = _rows("gemm_table", d.get("gemm_table", []), 5, _gemm_row)
     v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
-    v["elementwise_table"] = _rows("elementwise_table", d.get("elementwise_table", []), 2, _size_rate_row)
+    v["kernel_table"] = _rows("kernel_table", d.get("kernel_table", []), 4, _kernel_row)
     if d.get("measured"):
-        for name in ("gemm_table", "elementwise_table"):
-            if not v[name]:
-                raise ConfigError(f"{name}=[]: a measured profile needs at least one row")
-        v["adam_s_per_param"] = _number("adam_s_per_param", d["adam_s_per_param"])
+        if not v["gemm_table"]:
+            raise ConfigError("gemm_table=[]: a measured profile needs at least one row")
+        missing = sorted(set(KERNELS) - {row[0] for row in v["kernel_table"]})
+        if missing:
+            raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times each of {KERNELS}")
+        for name in ("adam_s_per_param", "clip_s_per_param", "op_overhead_s", "runtime_bytes"):
+            v[name] = _number(name, d[name], positive=name == "adam_s_per_param")
+        for name in ("ops_per_layer", "ops_fixed"):
+            if not isinstance(d[name], int) or isinstance(d[name], bool) or d[name] < 0:
+                raise ConfigError(f"{name}={d[name]!r}: must be an integer >= 0")
     return HardwareProfile(**v)
 
 

@@ -1,0 +1,183 @@
+"""The compute microbenchmarks of `zerobench calibrate`: each kernel one training step of this
+engine runs, timed as the step runs it (through autograd, forward and backward apart, a fresh
+output per call), on one core (CPU) or one GPU. perfmodel/kernels.py reads the results.
+
+- `linear`: F.linear with a bias, the engine's every GEMM (zerobench/model.py: qkv, proj, fc,
+  the tied logits without bias), over a grid of (tokens, fan-in, fan-out); forward is one GEMM
+  (input × weightᵀ), backward two (input and weight gradients) and the bias gradient's sum.
+- named kernels by size: `layernorm`, `gelu` (tanh form, as the model), `residual_add`,
+  `cross_entropy` (log-softmax and NLL over t × V logits), `attention` (torch's fused
+  scaled_dot_product_attention, causal; its size is heads·b·s²·d) and `softmax` (the
+  materialized attention's pass, for the paper's 2020 kernel), `copy` (into an existing buffer).
+- the step after backward: Adam over fp32 pieces (zero/optimizer.py's ShardedAdam, fused on CPU)
+  and the global-norm clip (`global_grad_norm` + `clip_`), seconds per parameter.
+- per-op cost: Python, dispatcher and autograd time of an op whose arithmetic is negligible, and
+  the number of such ops a layer and the rest of the model run, counted on the plain model.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Linear grid per device: each dimension from these values (log-spaced); shapes above the FLOP
+# cap are skipped (saturated: the model reads their rate from the largest measured neighbours).
+GEMM_DIMS = {"cpu": (64, 256, 1024, 4096, 16384), "cuda": (256, 1024, 4096, 16384)}
+GEMM_FLOP_CAP = {"cpu": 8e9, "cuda": 2e12}
+KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**27)}
+# (b·heads, s, head size) of the attention benchmark, the sizes the sheets run
+ATTENTION_SHAPES = {"cpu": ((8, 64, 32), (32, 128, 32), (48, 256, 64), (16, 512, 64)),
+                    "cuda": ((64, 1024, 64), (128, 2048, 128), (64, 4096, 128))}  # fmt: skip
+OPTIMIZER_PARAMS = 2**22
+CHAIN = 64  # ops in the per-op cost benchmark
+
+
+def timed(fn, device: str, min_s: float = 0.05, reps: int = 3) -> float:
+    """Median seconds of `fn()` over `reps` timings, each repeating it for at least `min_s`."""
+    fn()  # warm-up (first-call allocation, kernel selection)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    samples = []
+    for _ in range(reps):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            sync()
+            if (elapsed := time.perf_counter() - t0) >= min_s:
+                break
+        samples.append(elapsed / n)
+    return statistics.median(samples)
+
+
+def forward_backward(forward, leaves: list[torch.Tensor], device: str, min_s: float = 0.02) -> tuple[float, float]:
+    """(forward seconds, backward seconds) of `forward()` with autograd on: the forward alone
+    (its graph built), then forward + backward of a fixed upstream gradient, minus the forward.
+    Gradients are dropped after each backward, as the engine's hooks take them (no accumulation)."""
+    if not leaves:  # no autograd: the forward is all there is
+        return timed(forward, device, min_s), 0.0
+    out = forward()
+    grad = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
+
+    def both():
+        forward().backward(grad)
+        for t in leaves:
+            t.grad = None
+
+    fwd = timed(forward, device, min_s)
+    return fwd, max(timed(both, device, min_s) - fwd, 0.0)
+
+
+def _leaf(*shape, device, dtype) -> torch.Tensor:
+    return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
+
+
+def gemm_table(device: str, dtype: torch.dtype, log) -> list[list]:
+    """Rows (tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s) of F.linear."""
+    rows, dims = [], GEMM_DIMS[device]
+    for m in dims:
+        for n in dims:
+            for k in dims:
+                flops = 2 * m * n * k
+                if flops > GEMM_FLOP_CAP[device]:
+                    continue
+                x, w, b = _leaf(m, k, device=device, dtype=dtype), _leaf(n, k, device=device, dtype=dtype), \
+                    _leaf(n, device=device, dtype=dtype)  # fmt: skip
+                fwd, bwd = forward_backward(lambda x=x, w=w, b=b: F.linear(x, w, b), [x, w, b], device)
+                rows.append([m, n, k, flops / fwd, 2 * flops / max(bwd, 1e-9)])
+    log(f"linear: {len(rows)} shapes, {dtype}, forward best {max(r[3] for r in rows) / 1e9:.1f} GFLOP/s, "
+        f"backward best {max(r[4] for r in rows) / 1e9:.1f}")  # fmt: skip
+    return rows
+
+
+def _kernels(numel: int, device: str, dtype) -> dict:
+    """name -> (forward closure, leaves) at about `numel` elements."""
+    h = 256  # row width of the normalised tensors and of the logits' vocabulary blocks
+    x, y = _leaf(numel // h, h, device=device, dtype=dtype), _leaf(numel // h, h, device=device, dtype=dtype)
+    w, b = _leaf(h, device=device, dtype=dtype), _leaf(h, device=device, dtype=dtype)
+    logits = _leaf(max(numel // 8192, 1), 8192, device=device, dtype=torch.float32)  # the engine's fp32 logits
+    target = torch.randint(0, 8192, (logits.shape[0],), device=device)
+    scores = _leaf(numel // 128, 128, device=device, dtype=dtype)
+    dst = torch.empty(numel, device=device, dtype=dtype)
+    return {
+        "layernorm": (lambda: F.layer_norm(x, (h,), w, b, eps=1e-5), [x, w, b]),
+        "gelu": (lambda: F.gelu(x, approximate="tanh"), [x]),
+        # backward: the residual stream's two gradient paths meet in one add of the same size
+        "residual_add": (lambda: x + y, [x, y]),
+        "cross_entropy": (lambda: F.cross_entropy(logits, target), [logits]),
+        "softmax": (lambda: F.softmax(scores, dim=-1), [scores]),
+        # into an existing buffer, as the engine's hooks copy each gradient into its flat slot
+        "copy": (lambda: dst.copy_(x.detach().view(-1)), []),
+    }
+
+
+def kernel_table(device: str, dtype: torch.dtype, log) -> list[list]:
+    """Rows (kernel, size, forward s, backward s); size in elements, attention's heads·b·s²·d."""
+    rows = []
+    for numel in KERNEL_NUMEL[device]:
+        for name, (fn, leaves) in _kernels(numel, device, dtype).items():
+            size = leaves[0].numel() if leaves else numel
+            rows.append([name, size, *forward_backward(fn, leaves, device)])
+        log(f"kernels at {numel} elements: " + ", ".join(f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows[-6:]))
+    for bh, s, d in ATTENTION_SHAPES[device]:
+        q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))
+        fn = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+        rows.append(["attention", bh * s * s * d, *forward_backward(fn, [q, k, v], device)])
+        log(f"attention {bh} heads x {s} x {d}: {(rows[-1][2] + rows[-1][3]) * 1e3:.2f} ms forward + backward")
+    return rows
+
+
+def optimizer_seconds(device: str, log) -> tuple[float, float]:
+    """(Adam, global-norm clip) seconds per fp32 parameter, as the engine's step runs them."""
+    from zerobench.comms import Comms
+    from zerobench.config import TrainConfig
+    from zerobench.zero.optimizer import ShardedAdam, clip_, global_grad_norm
+
+    p = torch.zeros(OPTIMIZER_PARAMS, device=device)
+    g = torch.randn_like(p)
+    opt, comms = ShardedAdam([p], TrainConfig()), Comms()
+    adam = timed(lambda: opt.step([g]), device, 0.1) / OPTIMIZER_PARAMS
+    clip = timed(lambda: clip_([g], global_grad_norm([g], comms, []), 1.0), device, 0.1) / OPTIMIZER_PARAMS
+    log(f"step: Adam {adam * 1e9:.2f} ns, clip {clip * 1e9:.2f} ns per parameter")
+    return adam, clip
+
+
+class _OpCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def op_overhead(device: str, log) -> tuple[float, tuple[int, int]]:
+    """(seconds per op of negligible arithmetic, forward + backward; (ops per layer, ops of the
+    rest of the model) counted on the plain model's forward and backward)."""
+    from zerobench.config import ModelConfig
+    from zerobench.model import GPT
+
+    x = torch.ones(1, device=device, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(CHAIN):
+            y = y * 1.0
+        y.backward()
+        x.grad = None
+
+    per_op = timed(chain, device) / (2 * CHAIN)  # each op: its forward and its backward node
+    counts = []
+    for layers in (1, 2):
+        model = GPT(ModelConfig(layers=layers, hidden=64, heads=4, seq=16, vocab=64)).to(device)
+        idx = torch.randint(0, 64, (2, 16), device=device)
+        with _OpCount() as count:
+            model(idx, idx).backward()
+        counts.append(count.ops)
+    per_layer = counts[1] - counts[0]
+    log(f"ops: {per_op * 1e6:.1f} us each; {per_layer} per layer, {counts[0] - per_layer} besides")
+    return per_op, (per_layer, counts[0] - per_layer)

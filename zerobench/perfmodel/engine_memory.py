@@ -1,0 +1,63 @@
+"""Peak memory of this engine on a CPU host (a measured, `ranks_share_compute` profile), in the
+bytes a rank's RSS grows by: what zerobench/model.py and zero/ keep at their peak, plus the
+runtime's own that `zerobench calibrate` measures. The paper's codes on GPUs are memory_fit.py's.
+
+Read from the code (and checked against `zerobench trace`, which counts every tensor the engine
+allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU compute dtype:
+- model states: the paper's formula per stage (zerobench/memory.py, §5);
+- saved for backward, per token of one layer on one MP rank (model.py's Block): the block input
+  and the residual sum (layernorm inputs), both layernorm outputs (linear inputs): 4h replicated
+  over MP; q, k, v (3h/mp), the attention output and its re-laid copy for the projection
+  (2h/mp), the MLP's fc output and GeLU output (8h/mp): 4h + 13h/mp elements;
+- with checkpointing, each block's input instead (b·s·h, /mp with P_a; about none on the host
+  with P_a+cpu) and one block recomputed with its gradients (2 × a layer's saved elements);
+- the loss (model.py's TiedVocab): the fp32 log-softmax over b·s × V/mp logits is saved, and its
+  backward holds two more such buffers (the NLL gradient and the log-softmax gradient): 3 × at
+  the start of backward, beside all the activations;
+- the tied embedding at the end of backward, when the activations are freed: its gradient from
+  the lookup, from the output layer, and their sum (3 × V/mp × h); the larger of the two peaks;
+- the runtime: what a process's RSS gains by running its first steps beyond its tensors (code
+  paged in, thread pools, the allocator's own), measured by calibrate on a tiny model.
+"""
+
+from __future__ import annotations
+
+from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.memory import model_state_bytes
+from zerobench.perfmodel.profile import HardwareProfile
+
+FP32 = 4  # bytes per activation element: a CPU host computes in fp32 (config.PrecisionConfig)
+
+
+def layer_saved_bytes(model: ModelConfig, micro_batch: int, mp: int) -> float:
+    """Bytes one block saves for backward on one MP rank (see the module docstring)."""
+    return micro_batch * model.seq * (4 * model.hidden + 13 * model.hidden / mp) * FP32
+
+
+def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
+                hw: HardwareProfile) -> dict[str, float]:  # fmt: skip
+    """Bytes per rank by category: param, grad, optimizer, activations (saved for backward),
+    loss (the logits' buffers beside them), embedding_grads (end of backward), runtime."""
+    mp, t = parallel.mp, micro_batch * model.seq
+    states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
+    layer = layer_saved_bytes(model, micro_batch, mp)
+    if parallel.checkpoint_activations:
+        inputs = 0.0 if parallel.offload_activations else model.layers * t * model.hidden * FP32
+        acts = inputs / (mp if parallel.partition_activations else 1) + 2 * layer
+    else:
+        acts = model.layers * layer
+    vocab = -(-model.vocab // mp)
+    return {
+        **states,
+        "activations": acts,
+        "loss": 3 * t * vocab * FP32,
+        "embedding_grads": 3 * vocab * model.hidden * FP32,
+        "runtime": hw.runtime_bytes,
+    }
+
+
+def tensor_peak(peak: dict[str, float]) -> float:
+    """The tensors' peak: model states, plus the activations and the loss's buffers at the start
+    of backward or the embedding's gradients at its end, whichever is larger (no runtime)."""
+    states = peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"]
+    return states + max(peak["activations"] + peak["loss"], peak["embedding_grads"])
