@@ -65,13 +65,15 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """MAPE and worst |error| per (source, hardware, split), and over all validation rows."""
-    df = df.assign(abs_err=df.error_pct.abs())
-    groups = df.groupby(["source", "hardware", "split"]).abs_err
-    table = pd.DataFrame({"points": groups.size(), "mape_pct": groups.mean(), "max_pct": groups.max(),
-                          "bias_pct": df.groupby(["source", "hardware", "split"]).error_pct.mean()})  # fmt: skip
+    """MAPE and worst |error| per (source, hardware, split), and over all validation rows, with how
+    many of those runs (all of which trained) the memory model calls out of memory (`model_oom`)."""
+    df = df.assign(abs_err=df.error_pct.abs(), oom=~df.model_fits.astype(bool))
+    by = df.groupby(["source", "hardware", "split"])
+    table = pd.DataFrame({"points": by.size(), "mape_pct": by.abs_err.mean(), "max_pct": by.abs_err.max(),
+                          "bias_pct": by.error_pct.mean(), "model_oom": by.oom.sum()})  # fmt: skip
     val = df[df.split == "validation"]
-    table.loc[("all", "all", "validation"), :] = [len(val), val.abs_err.mean(), val.abs_err.max(), val.error_pct.mean()]
+    table.loc[("all", "all", "validation"), :] = [len(val), val.abs_err.mean(), val.abs_err.max(),
+                                                  val.error_pct.mean(), val.oom.sum()]  # fmt: skip
     return table.reset_index()
 
 
