@@ -22,6 +22,9 @@ Per GPU, in bytes (paper §3, §5, §6):
   (not ZeRO-OS, `zero_os_stage1`; docs/perfmodel.md "Gradient copies");
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
   unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases).
+Other codes than the paper's, by Calibration switches (off by default; docs/perfmodel.md "External
+validation"): PyTorch FSDP's stage 3 (`fsdp`: gathered units, not buckets), a fused cross-entropy
+(`fused_cross_entropy`), NeMo/Megatron O2's fp32 main-gradient buffer (`fp32_main_grads`).
 """
 
 from __future__ import annotations
