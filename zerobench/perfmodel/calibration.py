@@ -47,6 +47,16 @@ class Calibration:
     cache_headroom: float = 0.42  # fraction of free headroom PyTorch's cache also holds (fitted)
     fp32_grad_shard: float = 1.0  # 1: count DeepSpeed's fp32 gradient shard (4Ψ/(N_m·N_d)); 0: paper formula only
     working_set_factor: float = 2.0  # one layer's activations + their gradients in backward (judged)
+    # --- memory behaviour of the training code (read from the code; defaults: the paper's) -------
+    # True: the loss is a fused cross-entropy that keeps the 16-bit logits and writes a 16-bit gradient
+    # (flash-attn's xentropy, as llm-foundry runs it); False: Megatron's fp32 softmax copy (memory_fit.py).
+    fused_cross_entropy: bool = False
+    # True: stage 3 is PyTorch FSDP: fp32 flat parameters, gradients and Adam state (16 B per parameter in
+    # all, no separate fp32 gradient copy) and whole FSDP units gathered in place of DeepSpeed's buckets.
+    fsdp: bool = False
+    # True: stage 0 accumulates gradients straight into an fp32 contiguous buffer and all-reduces it in
+    # place (Megatron/NeMo O2 in bf16): no resident 16-bit gradients, no flattened copy to reduce.
+    fp32_main_grads: bool = False
     # --- fixed costs (judged) ---------------------------------------------------------------
     hbm_efficiency: float = 0.80  # achieved fraction of HBM bandwidth in the Adam step
     adam_bytes_per_param: float = 28.0  # fp32 p, m, v read+write (24) + fp16 grad in, fp16 param out

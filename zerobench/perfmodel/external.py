@@ -21,6 +21,19 @@ from zerobench.perfmodel.predict import predict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "external_runs.csv"
 
+# Memory behaviour of each source's training code (calibration.py; read from the code, docs/perfmodel.md
+# "External validation"). llm-foundry 061f2c7: PyTorch FSDP FULL_SHARD, mixed_precision PURE (fp32 flat
+# parameters, bf16 compute and reduction, gradients cast back to fp32 shards: torch 2.1
+# `_runtime_utils._cast_grad_to_param_dtype`), loss `fused_crossentropy` (flash-attn's xentropy).
+# NeMo 22.05 (launcher b20f85d `conf/training/gpt3/5b.yaml`: bf16, megatron_amp_O2): NeMo's
+# `MainParamsOptimizerWrapper` with fp32_grad_accum and contiguous_grad_bucket, whose hook adds each
+# bf16 gradient into the fp32 buffer and frees it (`param.grad = None`) and all-reduces the buffer in
+# place. vTrain states no code settings: the paper's defaults.
+CODE = {
+    "llm-foundry": dict(fsdp=True, fp32_grad_shard=0.0, fused_cross_entropy=True),
+    "nemo-megatron": dict(fp32_main_grads=True),
+}
+
 
 def _predicted(r, cal: Calibration) -> tuple[float | None, bool, int]:
     """(the row's metric as the model predicts it, fits, largest micro-batch)."""
@@ -29,7 +42,8 @@ def _predicted(r, cal: Calibration) -> tuple[float | None, bool, int]:
     parallel = ParallelConfig(dp=int(r.gpus) // int(r.mp), mp=int(r.mp), stage=int(r.stage),
                               checkpoint_activations=bool(r.checkpoint_activations))  # fmt: skip
     train = TrainConfig(micro_batch=int(r.micro_batch), grad_accum=int(r.grad_accum))
-    pred = predict(model, parallel, PrecisionConfig(r.precision, "cuda"), train, r.hardware, cal=cal,
+    pred = predict(model, parallel, PrecisionConfig(r.precision, "cuda"), train, r.hardware,
+                   cal=cal.replace(**CODE.get(r.source, {})),
                    attention=r.attention)  # fmt: skip
     step = pred.step_time_s
     value = (
@@ -51,13 +65,15 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """MAPE and worst |error| per (source, hardware, split), and over all validation rows."""
-    df = df.assign(abs_err=df.error_pct.abs())
-    groups = df.groupby(["source", "hardware", "split"]).abs_err
-    table = pd.DataFrame({"points": groups.size(), "mape_pct": groups.mean(), "max_pct": groups.max(),
-                          "bias_pct": df.groupby(["source", "hardware", "split"]).error_pct.mean()})  # fmt: skip
+    """MAPE and worst |error| per (source, hardware, split), and over all validation rows, with how
+    many of those runs (all of which trained) the memory model calls out of memory (`model_oom`)."""
+    df = df.assign(abs_err=df.error_pct.abs(), oom=~df.model_fits.astype(bool))
+    by = df.groupby(["source", "hardware", "split"])
+    table = pd.DataFrame({"points": by.size(), "mape_pct": by.abs_err.mean(), "max_pct": by.abs_err.max(),
+                          "bias_pct": by.error_pct.mean(), "model_oom": by.oom.sum()})  # fmt: skip
     val = df[df.split == "validation"]
-    table.loc[("all", "all", "validation"), :] = [len(val), val.abs_err.mean(), val.abs_err.max(), val.error_pct.mean()]
+    table.loc[("all", "all", "validation"), :] = [len(val), val.abs_err.mean(), val.abs_err.max(),
+                                                  val.error_pct.mean(), val.oom.sum()]  # fmt: skip
     return table.reset_index()
 
 

@@ -22,6 +22,9 @@ Per GPU, in bytes (paper §3, §5, §6):
   (not ZeRO-OS, `zero_os_stage1`; docs/perfmodel.md "Gradient copies");
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
   unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases).
+Other codes than the paper's, by Calibration switches (off by default; docs/perfmodel.md "External
+validation"): PyTorch FSDP's stage 3 (`fsdp`: gathered units, not buckets), a fused cross-entropy
+(`fused_cross_entropy`), NeMo/Megatron O2's fp32 main-gradient buffer (`fp32_main_grads`).
 """
 
 from __future__ import annotations
@@ -88,6 +91,27 @@ def layer_activation_bytes(
     return (s * b * h * (10 + 24 / mp) + scores) * act_bytes / 2
 
 
+def logits_bytes(model: ModelConfig, micro_batch: int, mp: int, act_bytes: int, fused: bool) -> float:
+    """The loss's logits on one GPU at their peak: the vocabulary-parallel logits in the compute dtype
+    plus Megatron's fp32 softmax copy (SOFTMAX_BYTES), or, for a fused cross-entropy, the gradient it
+    writes in the logits' own dtype (flash-attn's xentropy: computes in fp32 in registers, saves the
+    logits and one fp32 log-sum-exp per row, returns a new gradient tensor unless inplace_backward;
+    llm-foundry 061f2c7 `modeling_mpt.py` loss_fn `fused_crossentropy`, flash-attn==1.0.9)."""
+    extra = act_bytes if fused else SOFTMAX_BYTES
+    return micro_batch * model.seq * (model.vocab / mp) * (act_bytes + extra)
+
+
+def fsdp_gathered_bytes(model: ModelConfig, mp: int, act_bytes: int) -> float:
+    """Unsharded 16-bit parameters and gradients that PyTorch FSDP (FULL_SHARD) holds at the activation
+    peak, one FSDP unit per transformer block (llm-foundry's `fsdp_wrap_fn`): in backward the block in
+    use, its unsharded gradient and the next block prefetched (`limit_all_gathers` lets two all-gathers
+    be in flight), 3 × 12h² elements; and the root unit (the tied embedding, V·h), which FSDP does not
+    reshard after forward (torch 2.1 `_runtime_utils._post_forward_reshard` skips the root) and whose
+    unsharded gradient accumulates until its post-backward hook at the end of backward: 2 × V·h."""
+    h = model.hidden
+    return (3 * 12 * h * h + 2 * model.vocab * h) * act_bytes / mp
+
+
 def activation_dtype_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
     """Bytes per activation element: the compute dtype's. A CPU host computes in fp32 whatever the
     storage (config.PrecisionConfig); a GPU in the storage dtype. The hardware decides, not the
@@ -127,22 +151,27 @@ def breakdown(
     else:
         ckpt = model.layers * layer  # every layer's activations are kept for backward
         working = (cal.working_set_factor - 1) * layer
-    working += b * model.seq * (model.vocab / mp) * (p_bytes + SOFTMAX_BYTES)
+    working += logits_bytes(model, b, mp, p_bytes, cal.fused_cross_entropy)
+    grads = states["grad_bytes"]
     if parallel.stage == 0 and p_bytes < 4:
         buffers = 4.0 * model.num_params / mp  # fp32 flattened gradients of the whole replica shard
+        grads = 0.0 if cal.fp32_main_grads else grads  # O2: the fp32 buffer is the only gradient copy
     elif parallel.stage == 0:
         buffers = 0.0
+    elif parallel.stage == 3 and cal.fsdp:
+        buffers = fsdp_gathered_bytes(model, mp, p_bytes)
     else:  # C_B: reduce + all-gather bucket (never larger than the gradients they hold, in the
         # gradients' bytes); fp32 copy of this rank's gradient shard for Adam
         bucket = min(parallel.bucket_bytes, states["grad_bytes"] * (parallel.dp if parallel.stage >= 2 else 1))
         buffers = 2.0 * bucket + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
-    flat_copy = parallel.stage == 0 or (parallel.stage == 1 and not cal.zero_os_stage1)  # the reduction's copy
+    # the reduction's flattened copy (none when the all-reduce runs in place on an fp32 buffer)
+    flat_copy = (parallel.stage == 0 and not cal.fp32_main_grads) or (parallel.stage == 1 and not cal.zero_os_stage1)
     reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
     measured_reserve = hw.reserve_bytes is not None  # a calibrated CPU: no allocator to fragment
     lost = 0.0 if parallel.contiguous_buffers or measured_reserve else cal.fragmentation * hw.memory_bytes
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
-        grad_bytes=states["grad_bytes"],
+        grad_bytes=grads,
         optimizer_bytes=states["optimizer_bytes"],
         checkpoint_bytes=ckpt,
         working_bytes=working,
