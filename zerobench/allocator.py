@@ -5,7 +5,8 @@ freed, so a trial's peak RSS lands 40-110 % above the most bytes its tensors hol
 (cpu-10m and cpu-100m trials against `zerobench trace`'s count: 57-318 MiB more), in a way
 that depends on the order of allocations rather than on the model. jemalloc, which PyTorch's own
 CPU launcher preloads (`python -m torch.backends.xeon.run_cpu --enable-jemalloc`), keeps it
-within about 30 MiB of the tensors (cpu-10m, micro-batch 1-8), at the same step time. So `auto`
+within about 30 MiB of the tensors (cpu-10m, micro-batch 1-8); its steps ran 7-15 % slower there
+(cpu-10m, one rank: it returns freed pages, which are faulted in again). So `auto`
 (the default) re-executes `zerobench run` and `zerobench calibrate` with jemalloc preloaded when
 the library is installed (Debian/Ubuntu: apt-get install libjemalloc2), and every record says
 which allocator ran (`allocator`).
@@ -20,6 +21,8 @@ from pathlib import Path
 from zerobench.config import ConfigError
 
 CHOICES = ("auto", "jemalloc", "system")
+# What PyTorch's CPU launcher sets with jemalloc (torch/backends/xeon/run_cpu.py), unless set already
+MALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
 _PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
           "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")  # fmt: skip
 
@@ -54,4 +57,5 @@ def use(choice: str, argv: list[str]) -> None:
             raise ConfigError("allocator='jemalloc': libjemalloc.so.2 not found (apt-get install libjemalloc2)")
         return
     preload = " ".join(filter(None, (lib, os.environ.get("LD_PRELOAD"))))
-    os.execve(sys.executable, [sys.executable, "-m", "zerobench.cli", *argv], {**os.environ, "LD_PRELOAD": preload})
+    env = {"MALLOC_CONF": MALLOC_CONF, **os.environ, "LD_PRELOAD": preload}
+    os.execve(sys.executable, [sys.executable, "-m", "zerobench.cli", *argv], env)

@@ -10,7 +10,8 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
 - collectives: all-reduce, reduce-scatter and all-gather through zerobench/comms.py in spawned
   gloo (CPU) or NCCL (GPU) worlds of each group size, fitted as α + ring volume / bandwidth;
 - host↔device copies (GPU only): pinned copies, bytes/s;
-- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial).
+- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial);
+- concurrency (CPU only): the step's kernels on one core, alone and with every rank running.
 Every benchmark prints one progress line. About a minute on two CPU cores.
 """
 
@@ -29,14 +30,21 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zerobench.calibrate_kernels import gemm_table, kernel_table, op_overhead, optimizer_seconds, timed
+from zerobench.calibrate_kernels import (
+    concurrency_slowdown,
+    gemm_table,
+    kernel_table,
+    op_overhead,
+    optimizer_seconds,
+    timed,
+)
 from zerobench.config import ConfigError
 from zerobench.devices import hardware_profile
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 
-COLLECTIVE_NUMEL = (2**10, 2**14, 2**18, 2**21)  # fp32 elements per message
-COLLECTIVE_REPS = 5
+COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
+COLLECTIVE_REPS = 15  # a median over many: one call in a few waits ~4 ms for a wake-up on loopback
 
 
 def host_copy_bw(log) -> float:
@@ -107,12 +115,13 @@ def runtime_bytes(log) -> float:
 
 
 def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares t = α + v/β over (per-rank ring volume in bytes, seconds); α ≥ 0."""
-    n = len(points)
-    mv = sum(v for v, _ in points) / n
-    mt = sum(t for _, t in points) / n
-    slope = sum((v - mv) * (t - mt) for v, t in points) / sum((v - mv) ** 2 for v, _ in points)
-    return max(0.0, mt - slope * mv), 1.0 / slope
+    """(α, β) of t = α + v/β over (per-rank ring volume in bytes, seconds): α is the time of the
+    smallest message (its bytes take no time to speak of), β the least-squares bandwidth of what
+    the messages of 256 KiB and up take beyond α. A plain line fit lets the largest messages'
+    noise set the intercept (it gave α from 0 to 2.3 ms on this machine)."""
+    alpha = min(points)[1]
+    large = [(v, t - alpha) for v, t in points if v >= 2**18] or [max(points)]
+    return alpha, sum(v * v for v, _ in large) / max(sum(v * t for v, t in large), 1e-12)
 
 
 def collectives(device: str, sizes: list[int], log) -> tuple[list[list], dict]:
@@ -145,6 +154,9 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     adam, clip = optimizer_seconds(device, log)
     per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
     runtime = runtime_bytes(log) if device == "cpu" else 0.0  # a GPU's memory model is the paper's
+    # CPU ranks share a host's memory bandwidth and cache (a GPU per rank shares nothing)
+    ranks = min(max(group_sizes), os.cpu_count() or 1)
+    slowdown = concurrency_slowdown(ranks, log) if device == "cpu" and ranks > 1 else 1.0
     # bytes/s of the residual add (read 2, write 1) at its largest size: the memory bandwidth
     add = max((r for r in kernels if r[0] == "residual_add"), key=lambda r: r[1])
     stream_bw = 3 * add[1] * torch.tensor([], dtype=dtype).element_size() / add[2]
@@ -172,7 +184,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
         nics_per_node=1, host_bw=host, intra_latency=alpha, inter_latency=alpha, measured=True,
         gemm_table=tuple(map(tuple, gemm)), kernel_table=tuple(map(tuple, kernels)),
         adam_s_per_param=adam, clip_s_per_param=clip, op_overhead_s=per_op, ops_per_layer=ops_per_layer,
-        ops_fixed=ops_fixed, runtime_bytes=runtime, collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
+        ops_fixed=ops_fixed, runtime_bytes=runtime, concurrency_slowdown=slowdown, collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
         reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
     samples = {"collectives": coll_samples, "torch": torch.__version__,

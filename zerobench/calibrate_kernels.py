@@ -181,3 +181,53 @@ def op_overhead(device: str, log) -> tuple[float, tuple[int, int]]:
     per_layer = counts[1] - counts[0]
     log(f"ops: {per_op * 1e6:.1f} us each; {per_layer} per layer, {counts[0] - per_layer} besides")
     return per_op, (per_layer, counts[0] - per_layer)
+
+
+def _step_like(reps: int) -> float:
+    """Seconds of `reps` rounds of a step's kernel mix on one thread: a linear, GeLU and the loss,
+    forward and backward (the shapes of cpu-10m at micro-batch 4)."""
+    torch.set_num_threads(1)
+    x, w, b = _leaf(512, 256, device="cpu", dtype=torch.float32), _leaf(1024, 256, device="cpu", dtype=torch.float32), \
+        _leaf(1024, device="cpu", dtype=torch.float32)  # fmt: skip
+    logits, target = _leaf(512, 8192, device="cpu", dtype=torch.float32), torch.randint(0, 8192, (512,))
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        F.gelu(F.linear(x, w, b), approximate="tanh").sum().backward()
+        F.cross_entropy(logits, target).backward()
+        for t in (x, w, b, logits):
+            t.grad = None
+    return time.perf_counter() - t0
+
+
+def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
+    _step_like(1)  # warm-up before the common start
+    for _ in range(rounds):
+        start.wait()  # the parent's solo run is over; all ranks go at once
+        out.put(_step_like(reps))
+        start.wait()
+
+
+def concurrency_slowdown(ranks: int, log, reps: int = 30, rounds: int = 3) -> float:
+    """How much slower the step's kernels run on one core while `ranks` processes run them at once
+    (one per core: they share the memory bandwidth and the last-level cache) than alone: the
+    median over `rounds` of (mean time together) / (time alone, just before)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(ranks + 1), ctx.Queue()
+    procs = [ctx.Process(target=_concurrent_worker, args=(r, reps, rounds, start, out)) for r in range(ranks)]
+    for p in procs:
+        p.start()
+    _step_like(1)
+    ratios = []
+    for _ in range(rounds):
+        alone = _step_like(reps)
+        start.wait()
+        ratios.append(statistics.mean(out.get() for _ in procs) / alone)
+        start.wait()
+    for p in procs:
+        p.join()
+    factor = max(1.0, statistics.median(ratios))
+    log(f"concurrency: {ranks} ranks at once run the step's kernels {factor:.2f}x as long as one alone "
+        f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    return factor

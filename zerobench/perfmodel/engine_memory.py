@@ -10,12 +10,13 @@ allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU c
   over MP; q, k, v (3h/mp), the attention output and its re-laid copy for the projection
   (2h/mp), the MLP's fc output and GeLU output (8h/mp): 4h + 13h/mp elements;
 - with checkpointing, each block's input instead (b·s·h, /mp with P_a; about none on the host
-  with P_a+cpu) and one block recomputed with its gradients (2 × a layer's saved elements);
+  with P_a+cpu), and later one block recomputed with its gradients (2 × a layer's saved bytes);
 - the loss (model.py's TiedVocab): the fp32 log-softmax over b·s × V/mp logits is saved, and its
   backward holds two more such buffers (the NLL gradient and the log-softmax gradient): 3 × at
-  the start of backward, beside all the activations;
+  the start of backward, beside the activations;
 - the tied embedding at the end of backward, when the activations are freed: its gradient from
-  the lookup, from the output layer, and their sum (3 × V/mp × h); the larger of the two peaks;
+  the lookup, from the output layer, and their sum (3 × V/mp × h), beside stage 2's or 3's
+  reduce bucket and stage 3's gathered embedding; the peak is the largest of the three moments;
 - the runtime: what a process's RSS gains by running its first steps beyond its tensors (code
   paged in, thread pools, the allocator's own), measured by calibrate on a tiny model.
 """
@@ -36,28 +37,38 @@ def layer_saved_bytes(model: ModelConfig, micro_batch: int, mp: int) -> float:
 
 def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
                 hw: HardwareProfile) -> dict[str, float]:  # fmt: skip
-    """Bytes per rank by category: param, grad, optimizer, activations (saved for backward),
-    loss (the logits' buffers beside them), embedding_grads (end of backward), runtime."""
-    mp, t = parallel.mp, micro_batch * model.seq
+    """Bytes per rank by category: param, grad, optimizer; activations (kept through backward),
+    loss (the logits' buffers beside them), recompute (one block rebuilt with its gradients),
+    embedding_grads and buckets (end of backward), runtime. `tensor_peak` combines them."""
+    mp, t, h = parallel.mp, micro_batch * model.seq, model.hidden
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
     layer = layer_saved_bytes(model, micro_batch, mp)
-    if parallel.checkpoint_activations:
-        inputs = 0.0 if parallel.offload_activations else model.layers * t * model.hidden * FP32
-        acts = inputs / (mp if parallel.partition_activations else 1) + 2 * layer
-    else:
-        acts = model.layers * layer
     vocab = -(-model.vocab // mp)
+    if parallel.checkpoint_activations:
+        inputs = 0.0 if parallel.offload_activations else model.layers * t * h * FP32
+        acts, recompute = inputs / (mp if parallel.partition_activations else 1), 2 * layer
+    else:
+        acts, recompute = model.layers * layer, 0.0
+    # Stages 2-3 reduce as backward goes: a reduce bucket in flight (C_B, or all the gradients if
+    # fewer; stage 3 per module, the embedding last), and stage 3 holds the gathered embedding.
+    grads = model.num_params / mp * FP32 if parallel.stage == 2 else vocab * h * FP32
+    buckets = min(parallel.bucket_bytes, grads) if parallel.stage >= 2 else 0.0
+    gathered = vocab * h * precision.bytes_pgk[0] if parallel.stage == 3 else 0.0
     return {
         **states,
         "activations": acts,
         "loss": 3 * t * vocab * FP32,
-        "embedding_grads": 3 * vocab * model.hidden * FP32,
+        "recompute": recompute,
+        "embedding_grads": 3 * vocab * h * FP32,
+        "buckets": buckets + gathered,
         "runtime": hw.runtime_bytes,
     }
 
 
 def tensor_peak(peak: dict[str, float]) -> float:
-    """The tensors' peak: model states, plus the activations and the loss's buffers at the start
-    of backward or the embedding's gradients at its end, whichever is larger (no runtime)."""
+    """The tensors' peak: model states, plus the largest of what backward holds at its start (the
+    activations and the loss's buffers), in a recomputed block, and at its end (the embedding's
+    gradients, buckets). No runtime."""
     states = peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"]
-    return states + max(peak["activations"] + peak["loss"], peak["embedding_grads"])
+    start, recompute = peak["activations"] + peak["loss"], peak["activations"] + peak["recompute"]
+    return states + max(start, recompute, peak["embedding_grads"] + peak["buckets"])

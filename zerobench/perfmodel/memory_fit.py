@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.calibration import Calibration
-from zerobench.perfmodel.engine_memory import engine_peak
+from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
 
@@ -130,10 +130,11 @@ def breakdown(
 ) -> MemoryBreakdown:
     if hw.ranks_share_compute:  # this engine on a CPU host, as its RSS grows (engine_memory.py)
         peak = engine_peak(model, parallel, precision, micro_batch, hw)
+        states = peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"]
         return MemoryBreakdown(
             param_bytes=peak["param_bytes"], grad_bytes=peak["grad_bytes"], optimizer_bytes=peak["optimizer_bytes"],
-            checkpoint_bytes=peak["activations"], working_bytes=peak["loss"], buffer_bytes=peak["runtime"],
-            reduce_transient_bytes=peak["embedding_grads"], usable_bytes=hw.memory_bytes,
+            checkpoint_bytes=peak["activations"], working_bytes=tensor_peak(peak) - states - peak["activations"],
+            buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=hw.memory_bytes,
         )  # fmt: skip
     p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch

@@ -89,6 +89,8 @@ def predict(
     # a CPU profile is measured per core (one thread per rank): ranks share a core only past the
     # host's cores (`gpus_per_node` of a CPU profile)
     share = max(1.0, parallel.world_size / hw.gpus_per_node) if hw.ranks_share_compute else 1
+    if hw.ranks_share_compute and parallel.world_size > 1:  # the other ranks' kernels share memory and cache
+        share *= hw.concurrency_slowdown
     mem = breakdown(model, parallel, precision, b, hw, cal, attention)
     mixed = hw.ranks_share_compute and precision.bytes_pgk[0] != 4  # a CPU host computes in fp32
     comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share, mixed)

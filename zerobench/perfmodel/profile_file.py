@@ -24,7 +24,7 @@ _POSITIVE = ("peak_flops", "memory_bytes", "hbm_bw", "intra_bw", "nic_bw", "host
 # What a measured profile must carry beside them: the model's terms read these instead of
 # datasheet peaks times fitted efficiencies.
 _MEASURED = ("gemm_table", "kernel_table", "adam_s_per_param", "clip_s_per_param", "op_overhead_s",
-             "ops_per_layer", "ops_fixed", "runtime_bytes")
+             "ops_per_layer", "ops_fixed", "runtime_bytes", "concurrency_slowdown")
 KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "softmax", "attention", "copy")
 
 
@@ -135,6 +135,8 @@ def from_dict(d: dict) -> HardwareProfile:
             raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times each of {KERNELS}")
         for name in ("adam_s_per_param", "clip_s_per_param", "op_overhead_s", "runtime_bytes"):
             v[name] = _number(name, d[name], positive=name == "adam_s_per_param")
+        if _number("concurrency_slowdown", d["concurrency_slowdown"]) < 1:
+            raise ConfigError(f"concurrency_slowdown={d['concurrency_slowdown']!r}: must be >= 1")
         for name in ("ops_per_layer", "ops_fixed"):
             if not isinstance(d[name], int) or isinstance(d[name], bool) or d[name] < 0:
                 raise ConfigError(f"{name}={d[name]!r}: must be an integer >= 0")
