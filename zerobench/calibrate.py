@@ -184,7 +184,8 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
         nics_per_node=1, host_bw=host, intra_latency=alpha, inter_latency=alpha, measured=True,
         gemm_table=tuple(map(tuple, gemm)), kernel_table=tuple(map(tuple, kernels)),
         adam_s_per_param=adam, clip_s_per_param=clip, op_overhead_s=per_op, ops_per_layer=ops_per_layer,
-        ops_fixed=ops_fixed, runtime_bytes=runtime, concurrency_slowdown=slowdown, collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
+        ops_fixed=ops_fixed, runtime_bytes=runtime, concurrency_slowdown=slowdown,
+        collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
         reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
     samples = {"collectives": coll_samples, "torch": torch.__version__,

@@ -137,7 +137,8 @@ def test_measured_profile_terms_hand_derived():
                   TrainConfig(micro_batch=b), CPU, attention="fused")  # fmt: skip
     four = predict(model, ParallelConfig(dp=4, mp=1, stage=1), PrecisionConfig("fp32", "cpu"),
                    TrainConfig(micro_batch=b), CPU, attention="fused")  # fmt: skip
-    assert two.compute_s == pytest.approx(1.25 * pred.compute_s) and four.compute_s == pytest.approx(2.5 * pred.compute_s)
+    assert two.compute_s == pytest.approx(1.25 * pred.compute_s)
+    assert four.compute_s == pytest.approx(2.5 * pred.compute_s)
     half = psi * 4 / 2  # (n-1)/n of the gradient bytes per rank
     assert two.dp_comm_s == pytest.approx(2e-4 + half / 5e8 + 3e-4 + half / 2.5e8)
     # materialized attention: the scores and context products as GEMMs, and a softmax pass over

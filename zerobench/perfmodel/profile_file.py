@@ -23,8 +23,17 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 _POSITIVE = ("peak_flops", "memory_bytes", "hbm_bw", "intra_bw", "nic_bw", "host_bw")
 # What a measured profile must carry beside them: the model's terms read these instead of
 # datasheet peaks times fitted efficiencies.
-_MEASURED = ("gemm_table", "kernel_table", "adam_s_per_param", "clip_s_per_param", "op_overhead_s",
-             "ops_per_layer", "ops_fixed", "runtime_bytes", "concurrency_slowdown")
+_MEASURED = (
+    "gemm_table",
+    "kernel_table",
+    "adam_s_per_param",
+    "clip_s_per_param",
+    "op_overhead_s",
+    "ops_per_layer",
+    "ops_fixed",
+    "runtime_bytes",
+    "concurrency_slowdown",
+)
 KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "softmax", "attention", "copy")
 
 
@@ -132,7 +141,7 @@ def from_dict(d: dict) -> HardwareProfile:
             raise ConfigError("gemm_table=[]: a measured profile needs at least one row")
         missing = sorted(set(KERNELS) - {row[0] for row in v["kernel_table"]})
         if missing:
-            raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times each of {KERNELS}")
+            raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times {KERNELS}")
         for name in ("adam_s_per_param", "clip_s_per_param", "op_overhead_s", "runtime_bytes"):
             v[name] = _number(name, d[name], positive=name == "adam_s_per_param")
         if _number("concurrency_slowdown", d["concurrency_slowdown"]) < 1:
