@@ -9,6 +9,7 @@ rule table:
     """An artifact's table from its trials' records, joined to the sheet's trials."""
     input:
         runs=sheet_runs,
+        profile=table_profile,
     output:
         report(
             "results/{artifact}.csv",

@@ -92,6 +92,13 @@ def sheet_table(wildcards):
     return SHEETS[wildcards.artifact]["table"]
 
 
+def table_profile(wildcards):
+    """The calibrated profile of this machine, for the tables that predict from it."""
+    if sheet_table(wildcards) in ("model_vs_measured", "capacity"):
+        return f"results/profiles/calibrated-{config['device']}.json"
+    return []
+
+
 def sheet_title(wildcards):
     return SHEETS[wildcards.artifact]["title"]
 

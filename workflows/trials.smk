@@ -70,3 +70,20 @@ rule model_group:
     shell:
         "python -m zerobench.cli sweep {params.sheet} --group {wildcards.group} {params.smoke}"
         " --outdir {output} > {log} 2>&1"
+
+
+rule calibrate:
+    """This machine's measured hardware profile (`zerobench calibrate`), which the model_vs_measured
+    and capacity tables predict from."""
+    output:
+        "results/profiles/calibrated-{device}.json",
+    log:
+        "results/logs/calibrate_{device}.log",
+    conda:
+        "envs/zerobench.yaml"
+    # timed microbenchmarks on every core: nothing runs beside them
+    threads: workflow.cores
+    resources:
+        trial_slots=1,
+    shell:
+        "python -m zerobench.cli calibrate --device {wildcards.device} --out {output} > {log} 2>&1"
