@@ -8,7 +8,9 @@ allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU c
 - saved for backward, per token of one layer on one MP rank (model.py's Block): the block input
   and the residual sum (layernorm inputs), both layernorm outputs (linear inputs): 4h replicated
   over MP; q, k, v (3h/mp), the attention output and its re-laid copy for the projection
-  (2h/mp), the MLP's fc output and GeLU output (8h/mp): 4h + 13h/mp elements;
+  (2h/mp), the MLP's fc output and GeLU output (8h/mp): 4h + 13h/mp elements; with 16-bit
+  storage, each weight's fp32 cast (model.py's `_Cast`), which F.linear saves: 4 bytes per Ψ/mp
+  (not at stage 3, which casts again in backward);
 - with checkpointing, each block's input instead (b·s·h, /mp with P_a; about none on the host
   with P_a+cpu), and later one block recomputed with its gradients (2 × a layer's saved bytes);
 - the loss (model.py's TiedVocab): the fp32 log-softmax over b·s × V/mp logits is saved, and its
@@ -49,6 +51,10 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
         acts, recompute = inputs / (mp if parallel.partition_activations else 1), 2 * layer
     else:
         acts, recompute = model.layers * layer, 0.0
+    # 16-bit storage: F.linear saves each weight's fp32 cast; stage 3 saves a reference instead and
+    # gathers and casts again in backward (zero/stage3.py, saved-tensor hooks)
+    if precision.bytes_pgk[0] != FP32 and parallel.stage < 3:
+        acts += model.num_params / mp * FP32
     # Stages 2-3 reduce as backward goes: a reduce bucket in flight (C_B, or all the gradients if
     # fewer; stage 3 per module, the embedding last), and stage 3 holds the gathered embedding.
     grads = model.num_params / mp * FP32 if parallel.stage == 2 else vocab * h * FP32
