@@ -81,8 +81,9 @@ rule calibrate:
         "results/logs/calibrate_{device}.log",
     conda:
         "envs/zerobench.yaml"
-    # timed microbenchmarks on every core: nothing runs beside them
-    threads: workflow.cores
+    # timed microbenchmarks on two cores (two-rank collectives, two ranks' concurrency): nothing
+    # runs beside them
+    threads: 2
     resources:
         trial_slots=1,
     shell:

@@ -26,10 +26,7 @@ def _trial_spec(args):
 
 
 def cmd_run(args) -> int:
-    from zerobench import allocator
     from zerobench.fit_search import searched
-
-    allocator.use(args.allocator, args.argv)
 
     record = searched(args, _run_once)
     if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
@@ -144,10 +141,7 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from zerobench import allocator
     from zerobench.calibrate import main as calibrate
-
-    allocator.use(args.allocator, args.argv)
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
@@ -288,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
+            from zerobench import allocator
+
+            allocator.use(args.allocator, args.argv)
         return args.fn(args)
     except ConfigError as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
