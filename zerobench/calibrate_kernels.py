@@ -200,7 +200,8 @@ def _step_like(reps: int) -> float:
 
 
 def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
-    _step_like(1)  # warm-up before the common start
+    _step_like(1)  # warm-up (and torch imported) before anything is timed
+    start.wait()
     for _ in range(rounds):
         start.wait()  # the parent's solo run is over; all ranks go at once
         out.put(_step_like(reps))
@@ -219,6 +220,7 @@ def concurrency_slowdown(ranks: int, log, reps: int = 30, rounds: int = 3) -> fl
     for p in procs:
         p.start()
     _step_like(1)
+    start.wait()  # every rank started and warm: the solo runs are alone
     ratios = []
     for _ in range(rounds):
         alone = _step_like(reps)
