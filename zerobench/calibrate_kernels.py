@@ -6,7 +6,8 @@ output per call), on one core (CPU) or one GPU. perfmodel/kernels.py reads the r
   the tied logits without bias), over a grid of (tokens, fan-in, fan-out); forward is one GEMM
   (input × weightᵀ), backward two (input and weight gradients) and the bias gradient's sum.
 - named kernels by size: `layernorm`, `gelu` (tanh form, as the model), `residual_add`,
-  `cross_entropy` (log-softmax and NLL over t × V logits), `attention` (torch's fused
+  `cross_entropy` (log-softmax and NLL over t × V logits; `vocab_cross_entropy`, Megatron's over
+  vocab-sharded logits, parallel/tensor_parallel.py, for mp > 1), `attention` (torch's fused
   scaled_dot_product_attention, causal; its size is heads·b·s²·d) and `softmax` (the
   materialized attention's pass, for the paper's 2020 kernel), `copy` (into an existing buffer).
 - the step after backward: Adam over fp32 pieces (zero/optimizer.py's ShardedAdam, fused on CPU)
@@ -23,6 +24,10 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from zerobench.comms import Comms
+from zerobench.parallel.tensor_parallel import TensorParallel, VocabShard, vocab_parallel_cross_entropy
+from zerobench.parallel.topology import Group
 
 # Linear grid per device: each dimension from these values (log-spaced); shapes above the FLOP
 # cap are skipped (saturated: the model reads their rate from the largest measured neighbours).
@@ -102,12 +107,16 @@ def _kernels(numel: int, device: str, dtype) -> dict:
     target = torch.randint(0, 8192, (logits.shape[0],), device=device)
     scores = _leaf(numel // 128, 128, device=device, dtype=dtype)
     dst = torch.empty(numel, device=device, dtype=dtype)
+    tp = TensorParallel(Group("mp", 1, 0), Comms())  # a group of one: its all-reduces are no-ops
+    shard = VocabShard(logits.shape[1], 0, logits.shape[1])
     return {
         "layernorm": (lambda: F.layer_norm(x, (h,), w, b, eps=1e-5), [x, w, b]),
         "gelu": (lambda: F.gelu(x, approximate="tanh"), [x]),
         # backward: the residual stream's two gradient paths meet in one add of the same size
         "residual_add": (lambda: x + y, [x, y]),
         "cross_entropy": (lambda: F.cross_entropy(logits, target), [logits]),
+        # Megatron's loss over vocab-sharded logits (mp > 1): its own passes, not the fused kernel
+        "vocab_cross_entropy": (lambda: vocab_parallel_cross_entropy(logits, target, shard, tp), [logits]),
         "softmax": (lambda: F.softmax(scores, dim=-1), [scores]),
         # into an existing buffer, as the engine's hooks copy each gradient into its flat slot
         "copy": (lambda: dst.copy_(x.detach().view(-1)), []),
@@ -121,7 +130,7 @@ def kernel_table(device: str, dtype: torch.dtype, log) -> list[list]:
         for name, (fn, leaves) in _kernels(numel, device, dtype).items():
             size = leaves[0].numel() if leaves else numel
             rows.append([name, size, *forward_backward(fn, leaves, device)])
-        log(f"kernels at {numel} elements: " + ", ".join(f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows[-6:]))
+        log(f"kernels at {numel} elements: " + ", ".join(f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows[-7:]))
     for bh, s, d in ATTENTION_SHAPES[device]:
         q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))
         fn = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
@@ -132,7 +141,6 @@ def kernel_table(device: str, dtype: torch.dtype, log) -> list[list]:
 
 def optimizer_seconds(device: str, log) -> tuple[float, float]:
     """(Adam, global-norm clip) seconds per fp32 parameter, as the engine's step runs them."""
-    from zerobench.comms import Comms
     from zerobench.config import TrainConfig
     from zerobench.zero.optimizer import ShardedAdam, clip_, global_grad_norm
 

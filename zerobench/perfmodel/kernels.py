@@ -124,7 +124,8 @@ def measured_compute_time(
     t, v = micro_batch * model.seq, -(-model.vocab // mp)
     logits = 2 * t * model.hidden * v
     gemm += logits / gemm_rate(hw, t, v, model.hidden) + 2 * logits / gemm_rate(hw, t, v, model.hidden, True)
-    kernels += sum(kernel_time(hw, "cross_entropy", t * v)) + sum(kernel_time(hw, "layernorm", t * model.hidden))
+    loss = "cross_entropy" if mp == 1 else "vocab_cross_entropy"  # Megatron's own passes over sharded logits
+    kernels += sum(kernel_time(hw, loss, t * v)) + sum(kernel_time(hw, "layernorm", t * model.hidden))
     kernels += (3 if mixed else 1) * kernel_time(hw, "copy", model.num_params / mp)[0]
     # a recomputed forward dispatches its ops again: about a third of a layer's (forward + backward)
     ops = hw.ops_per_layer * model.layers * (4 / 3 if recompute else 1) + hw.ops_fixed

@@ -34,7 +34,8 @@ _MEASURED = (
     "runtime_bytes",
     "concurrency_slowdown",
 )
-KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "softmax", "attention", "copy")
+KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "vocab_cross_entropy", "softmax", "attention",
+           "copy")  # fmt: skip
 
 
 def profile_dir() -> Path:
