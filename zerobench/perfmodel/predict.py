@@ -189,19 +189,18 @@ def estimate_text(
     except ConfigError as exc:
         return f"{head}\n  cannot exist: {exc}"
     m = pred.memory
-    gb = 1e9
+    z = _size
     lines = [
         head,
-        f"  fits: {'yes' if pred.fits else 'NO (out of memory)'} — {m.total_bytes / gb:.1f} of "
-        f"{m.usable_bytes / gb:.1f} GB usable per GPU",
-        f"  model states {m.model_state_bytes / gb:.1f} GB (params {m.param_bytes / gb:.1f}, grads "
-        f"{m.grad_bytes / gb:.1f}, optimizer {m.optimizer_bytes / gb:.1f}); activations "
-        f"{m.activation_bytes / gb:.1f} GB (checkpoints {m.checkpoint_bytes / gb:.1f}, working "
-        f"{m.working_bytes / gb:.1f}); buffers {m.buffer_bytes / gb:.1f} GB",
+        f"  fits: {'yes' if pred.fits else 'NO (out of memory)'} — {z(m.total_bytes)} of "
+        f"{z(m.usable_bytes)} usable per {'rank' if hw.ranks_share_compute else 'GPU'}",
+        f"  model states {z(m.model_state_bytes)} (params {z(m.param_bytes)}, grads {z(m.grad_bytes)}, "
+        f"optimizer {z(m.optimizer_bytes)}); activations {z(m.activation_bytes)} (checkpoints "
+        f"{z(m.checkpoint_bytes)}, working {z(m.working_bytes)}); buffers {z(m.buffer_bytes)}",
     ]
     if m.reduce_transient_bytes:  # the reduction's flat gradient copy, after backward (docs/perfmodel.md)
         phase = "the peak" if m.reduce_transient_bytes > m.activation_bytes else "below backward's peak"
-        lines.append(f"  gradient reduction: +{m.reduce_transient_bytes / gb:.1f} GB flat copy of the gradients "
+        lines.append(f"  gradient reduction: +{z(m.reduce_transient_bytes)} flat copy of the gradients "
                      f"in place of the activations ({phase})")  # fmt: skip
     lines.append(f"  largest micro-batch that fits: {pred.max_micro_batch}")
     if pred.fits:
@@ -209,6 +208,12 @@ def estimate_text(
         parts = [("compute", pred.compute_s), ("MP comm", pred.mp_comm_s + pred.host_copy_s),
                  ("DP comm", pred.dp_comm_s), ("optimizer", pred.optimizer_s),
                  ("overhead", pred.overhead_s)]  # fmt: skip
-        lines.append(f"  predicted {pred.tflops_per_gpu:.1f} TFLOPS/GPU (MFU {pred.mfu:.0%}), step {t:.2f} s: "
+        unit = "rank" if hw.ranks_share_compute else "GPU"
+        lines.append(f"  predicted {pred.tflops_per_gpu:.3g} TFLOPS/{unit} (MFU {pred.mfu:.0%}), step {t:.3g} s: "
                      + ", ".join(f"{k} {v / t:.0%}" for k, v in parts))  # fmt: skip
     return "\n".join(lines)
+
+
+def _size(nbytes: float) -> str:
+    """Bytes for a person: GB from 1 GB up, MiB below (a CPU trial's megabytes)."""
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 2**20:.1f} MiB"
