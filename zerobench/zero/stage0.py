@@ -26,8 +26,8 @@ class Stage0(ZeroEngine):
         self._attach(layout, owned, pieces, FullGradients(layout, owned, self.dtype, self.device), partitioned=False)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
-        self._backward(loss, reduce=last_micro_batch)
+        self._backward(loss, reduce=last_micro_batch, last_micro_batch=last_micro_batch)
 
     def _reduce(self, bucket) -> None:
         handle = self.comms.all_reduce(self.grads.of(bucket), self.ctx.dp, async_op=True)
-        self._in_flight.append((handle, lambda: None))
+        self._start(bucket, handle)
