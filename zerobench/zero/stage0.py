@@ -2,7 +2,8 @@
 
 Keeps: every parameter, gradient and optimizer state, whole, on every rank ((2 + 2 + K)Ψ bytes in
 mixed precision). Frees: nothing. Communicates: each bucket's gradients are all-reduced as soon as
-backward has completed them (asynchronously, overlapping the rest of backward), once per step: with
+backward has completed them (asynchronously, overlapping the rest of backward and, with no clipping
+or loss scaling, the step's Adam on the buckets already reduced: core.py), once per step: with
 m micro-batches of accumulation, the first m − 1 only add into the gradient buffer. 2Ψ(N_d−1)/N_d
 elements per step and rank. Every rank then runs the same Adam on everything: nothing is sent after
 the step.
