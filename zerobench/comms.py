@@ -124,10 +124,13 @@ def _reduce_scatter_pairwise(out: torch.Tensor, inp: torch.Tensor, group: Group)
 
 def _all_gather_pairwise(out: torch.Tensor, inp: torch.Tensor, group: Group) -> _Exchange:
     chunks = list(out.split(inp.numel()))
+    # `inp` is sent as it is, so the transfer starts before this rank's chunk is copied into place
+    # (not in place: stage 3 gathers a bucket from its shard; the copy is 1/N_d of the bucket)
+    works = _exchange(group, lambda j: inp, chunks.__getitem__)
     mine = chunks[group.rank]
-    if mine.data_ptr() != inp.data_ptr():  # not in place
+    if mine.data_ptr() != inp.data_ptr():
         mine.copy_(inp)
-    return _Exchange(_exchange(group, lambda j: mine, chunks.__getitem__))
+    return _Exchange(works)
 
 
 class Comms:
@@ -168,7 +171,8 @@ class Comms:
         return self._issue("reduce_scatter", group, inp.numel(), inp, issue, async_op)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False) -> Handle:
-        """Concatenate every rank's `inp` into `out` (group.size × inp.numel() elements)."""
+        """Concatenate every rank's `inp` into `out` (group.size × inp.numel() elements).
+        `inp` must stay unchanged until the handle is waited for."""
         if group.size == 1:
             out.copy_(inp)
 

@@ -125,30 +125,47 @@ def test_ratios_table_and_figure(tmp_path):
     rows = runner.compare(
         [
             {**_row("floor", None, 1.6, 80, [9.0, 9.0], family="floor"), "dp": 1},  # no loss check
+            {**_row("floor-concurrent", None, 1.8, 80, [9.0, 9.0], family="floor-concurrent"), "dp": 1},
             _row("ours-0", 0, 2.0, 100, [1.0, 0.5], family="zerobench"),
             _row("ddp", 0, 4.0, 200, [1.0, 0.5001]),
             _row("fsdp2-reshard", 3, 3.0, 50, [1.0, 0.5]),  # no ours-3: loss against ours-0, no ratio
             {**_row("deepspeed-1", 1, 1.0, 1, [], family="deepspeed"), "status": "error", "error": "boom"},
         ]
     )
-    floor, ddp, fsdp = rows[0], rows[2], rows[3]
+    floor, concurrent, ours, ddp, fsdp = rows[:5]
     assert (floor["time_over_floor"], floor["loss_ref"], floor["time_ratio_ours_over"]) == (1.0, None, None)
-    assert ddp["time_over_floor"] == 2.5 and rows[1]["time_over_floor"] == 1.25
+    assert (concurrent["time_over_floor_concurrent"], concurrent["loss_ref"]) == (1.0, None)
+    assert concurrent["time_over_floor"] == pytest.approx(1.125)
+    assert ddp["time_over_floor"] == 2.5 and ours["time_over_floor"] == 1.25
+    assert ours["time_over_floor_concurrent"] == pytest.approx(2.0 / 1.8)
     assert ddp["time_ratio_ours_over"] == 0.5 and ddp["rss_ratio_ours_over"] == 0.5
     assert ddp["loss_max_rel_diff"] == pytest.approx(2e-4) and ddp["loss_ref"] == "ours-0"
     assert fsdp["time_ratio_ours_over"] is None and fsdp["loss_ref"] == "ours-0"
     csv, png = tmp_path / "peers.csv", tmp_path / "peers.png"
     runner.write_csv(rows, csv)
     table = summary.peers_markdown(csv)
-    assert "| 0 | ddp | x | 4.000 [3.600–4.400] | 2.50 |" in table and "| 0.50 | 0.50 |" in table
-    assert table.index("| — | floor | x | 1.600") < table.index("| 0 | ours-0 |")  # the floor first
+    assert "| 0 | ddp | x | 4.000 [3.600–4.400] | 2.50 | 2.22 |" in table and "| 0.50 | 0.50 |" in table
+    # the floors first, the one-rank floor before the concurrent one
+    assert table.index("| — | floor | x | 1.600") < table.index("| — | floor-concurrent | x | 1.800")
+    assert table.index("| — | floor-concurrent |") < table.index("| 0 | ours-0 |")
     assert "dp = 2" in table  # the heading describes the compared world, not the floor's
     assert "error: boom" in table and "no gradient clipping" in table
     section = report.peers_section(str(csv))
     assert section.startswith("## Side by side") and table in section
     summary.plot_peers(csv, png)
     assert png.stat().st_size > 10_000
-    assert set(summary.losses_of(csv)) == {"floor", "ours-0", "ddp", "fsdp2-reshard"}
+    assert set(summary.losses_of(csv)) == {"floor", "floor-concurrent", "ours-0", "ddp", "fsdp2-reshard"}
+
+
+def test_concurrent_floor_trains_the_floor_on_every_rank_at_once():
+    """dp processes, each training the one-rank floor alone: the floor's losses, no collective."""
+    spec = runner_spec(spec_for("tiny", dp=2, steps=2), warmup=1)
+    floor = runner.run_floor(spec, log=lambda _: None)
+    concurrent = runner.run_floor_concurrent(spec, log=lambda _: None)
+    assert concurrent["status"] == "ok", concurrent["error"]
+    assert (concurrent["impl"], concurrent["dp"], concurrent["world_size"]) == ("floor-concurrent", 1, 2)
+    assert concurrent["losses"] == floor["losses"] and concurrent["comm_bytes_per_step"] == 0
+    assert len(json.loads(concurrent["peak_rss_bytes_per_rank"])) == 2
 
 
 @pytest.mark.slow
@@ -158,9 +175,9 @@ def test_deepspeed_smoke_comparison(tmp_path):
     same losses, the row carrying versions, memory, bytes and the ratios."""
     spec = runner_spec(spec_for("tiny", dp=2, steps=2, micro_batch=2), warmup=1)
     rows = runner.run_peers(spec, ["ours-3", "deepspeed-3"], log=lambda _: None)
-    assert [r["impl"] for r in rows] == ["floor", "ours-3", "deepspeed-3"]
-    assert [r["status"] for r in rows] == ["ok"] * 3, [r["error"] for r in rows]
-    ds = rows[2]
+    assert [r["impl"] for r in rows] == ["floor", "floor-concurrent", "ours-3", "deepspeed-3"]
+    assert [r["status"] for r in rows] == ["ok"] * 4, [r["error"] for r in rows]
+    ds = rows[3]
     assert ds["loss_max_rel_diff"] < 1e-5 and ds["loss_ref"] == "ours-3"
     assert ds["peer_version"].startswith("deepspeed 0.") and ds["peak_rss_bytes"] > ds["base_rss_bytes"] > 0
     assert ds["comm_bytes_per_step"] >= 4 * spec.model.num_params  # at least one reduce-scatter of Ψ

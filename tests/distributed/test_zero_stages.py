@@ -1,11 +1,17 @@
 """ZeRO-DP stages 0–2 against the single-process reference, the memory formulas and the 2Ψ
-communication volume (paper §5, §7). Threaded process groups: real collective semantics, fast."""
+communication volume (paper §5, §7). Threaded process groups: real collective semantics, fast.
+And, for stages 0–3 on gloo, the step that starts while the last reductions are in flight."""
+
+import dataclasses
 
 import pytest
 import torch
 
-from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
+from tests.engine_cases import engine_run, reference_run, rel_err, spec_for, whole_parameters
 from tests.worlds import spawned, threaded
+from zerobench.comms import Comms
+from zerobench.parallel import topology
+from zerobench.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
@@ -111,3 +117,50 @@ def test_parity_on_real_gloo():
         ref = reference_run(spec_for("awkward", dp=2, stage=stage, micro_batch=1))
         assert rel_err(out[0][stage]["params"], ref["params"]) < 1e-5, stage
         assert out[0][stage]["volume"] == out[1][stage]["volume"]
+
+
+def _count_in_flight(engine) -> list[int]:
+    """The reductions in flight as each step starts, recorded into the list returned."""
+    counts, step = [], engine.step
+
+    def counted():
+        counts.append(len(engine._in_flight))
+        return step()
+
+    engine.step = counted
+    return counts
+
+
+def _overlapped_and_not(rank):
+    """Every stage trained twice, its step overlapping the last micro-batch's reductions and not:
+    parameters, losses, recorded norm and ledger of each, and how many reductions each step found
+    still in flight."""
+    out = {}
+    for stage in (0, 1, 2, 3):
+        spec = spec_for("awkward", dp=2, stage=stage, micro_batch=1, grad_accum=2, steps=3)
+        spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, clip_norm=0.0))
+        for overlap in (True, False):
+            ctx, comms = topology.build(2, 1), Comms()
+            engine = build_engine(spec, ctx, comms, torch.device("cpu"))
+            engine._overlap_step = overlap
+            in_flight = _count_in_flight(engine)
+            losses = train_steps(engine, spec, ctx, spec.train.steps)
+            out[stage, overlap] = {
+                "params": whole_parameters(engine, ctx),
+                "losses": losses,
+                "norm": float(engine.last_grad_norm),
+                "ledger": {k: (e["calls"], e["bytes"]) for k, e in comms.ledger.as_dict().items()},
+                "in_flight": in_flight,
+            }
+    return out
+
+
+def test_step_overlapping_the_last_reductions_changes_nothing():
+    """Without clipping or loss scaling (fp32), Adam starts on the pieces already reduced while the
+    others are in flight: the same parameters, losses, norm and collectives, bit for bit."""
+    out = spawned(2, _overlapped_and_not)[0]
+    for stage in (0, 1, 2, 3):
+        on, off = out[stage, True], out[stage, False]
+        assert max(on["in_flight"]) > 0 and off["in_flight"] == [0, 0, 0], stage
+        assert rel_err(on["params"], off["params"]) == 0.0, stage
+        assert (on["losses"], on["norm"], on["ledger"]) == (off["losses"], off["norm"], off["ledger"]), stage

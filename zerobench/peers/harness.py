@@ -182,11 +182,14 @@ def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
     }
 
 
-def measure(impl: str, spec) -> dict:
+def measure(impl: str, spec, ranks: int | None = None) -> dict:
     """Train `spec` with `impl` in a world of its own; the raw measurements of rank 0.
-    Raises Unavailable when the implementation cannot run here."""
+    `ranks`: processes in that world (default: the spec's dp); with a one-rank spec and more
+    ranks, each process trains the spec alone, all at once. Raises Unavailable when the
+    implementation cannot run here."""
     family(impl).check(impl, spec)  # fails fast, in this process, with the reason
-    return spawned(spec.parallel.dp, _on_rank, impl, spec.to_dict(), timeout_s=spec.timeout_s)[0]
+    n = ranks or spec.parallel.dp
+    return spawned(n, _on_rank, impl, spec.to_dict(), timeout_s=spec.timeout_s)[0]
 
 
 def summarise(raw: dict, spec) -> dict:

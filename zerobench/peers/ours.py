@@ -27,7 +27,9 @@ def versions() -> dict:
 class Trainer:
     def __init__(self, impl: str, spec):
         self.spec = dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, stage=_stage(impl)))
-        self.ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
+        # a one-rank spec trains alone even in a larger world (the concurrent floor, runner.py)
+        one = spec.parallel.world_size == 1
+        self.ctx = topology.single_process() if one else topology.build(spec.parallel.dp, spec.parallel.mp)
         self.comms = Comms()
         self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device("cpu"))
         self.note = f"bucket_bytes={spec.parallel.bucket_bytes}"

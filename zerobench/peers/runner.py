@@ -4,7 +4,10 @@ trained by our engine (stages 0–3) and by the systems people already use at th
 spawned world. One `measured` row per implementation, with the ratios ours / peer, and a `floor`
 row first: a single rank at the same per-rank batch, with no communication (our engine at dp = 1,
 where every group has one rank and issues nothing), the compute every implementation must do.
-Each implementation's step time is also shown over that floor."""
+Then a `floor-concurrent` row: dp such ranks stepping at once, each alone (no communication), as
+the dp ranks of a world share the machine's memory bandwidth and caches; what it adds over `floor`
+is the cost of running beside each other, which no communication scheme can remove. Each
+implementation's step time is also shown over both."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import platform
 
 from zerobench import trial
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
+from zerobench.peers.summary import FLOOR, FLOOR_CONCURRENT
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
@@ -22,7 +26,7 @@ COLUMNS = (
     "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s",
     "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes",
     "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
-    "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "note",
+    "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "time_over_floor_concurrent", "note",
     "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after",
 )  # fmt: skip
 
@@ -55,9 +59,6 @@ def _base_row(impl: str, spec) -> dict:
     }
 
 
-FLOOR = "floor"
-
-
 def floor_spec(spec):
     """`spec` on a single rank at the same per-rank batch: dp = 1 (so the global batch is one
     rank's), stage 0 — nothing to partition, nothing to communicate."""
@@ -69,15 +70,24 @@ def run_floor(spec, log=print) -> dict:
     return run_one("ours-0", floor_spec(spec), log, name=FLOOR)
 
 
-def run_one(impl: str, spec, log=print, name: str | None = None) -> dict:
+def run_floor_concurrent(spec, log=print) -> dict:
+    """The `floor-concurrent` row: `floor_spec(spec)` on each of dp processes at once (rank 0's
+    times; world_size is the number of processes)."""
+    row = run_one("ours-0", floor_spec(spec), log, name=FLOOR_CONCURRENT, ranks=spec.parallel.dp)
+    row["world_size"] = spec.parallel.dp
+    return row
+
+
+def run_one(impl: str, spec, log=print, name: str | None = None, ranks: int | None = None) -> dict:
     """One implementation's row (named `name`, if given, in place of `impl`, in a family of that
-    name); a peer that cannot run here is a `skipped` row with the reason."""
+    name; `ranks` as `measure` takes it); a peer that cannot run here is a `skipped` row with the
+    reason."""
     row = _base_row(impl, spec)
     if name is not None:
         row.update(impl=name, family=name, stage=None)
     row["loadavg_before"] = round(os.getloadavg()[0], 2)
     try:
-        row.update(summarise(measure(impl, spec), spec), status="ok")
+        row.update(summarise(measure(impl, spec, ranks), spec), status="ok")
     except Unavailable as exc:
         row.update(status="skipped", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported with its error
@@ -92,15 +102,16 @@ def run_one(impl: str, spec, log=print, name: str | None = None) -> dict:
 
 def compare(rows: list[dict]) -> list[dict]:
     """Fill the loss agreement with ours (same stage, else our lowest), ours / peer ratios and
-    every step time over the floor's. The floor trains a different global batch: no loss check."""
+    every step time over each floor's. The floors train a different global batch: no loss check."""
     ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
-    floor = next((r for r in rows if r["family"] == FLOOR and r["status"] == "ok"), None)
+    floors = {r["family"]: r for r in rows if r["family"] in (FLOOR, FLOOR_CONCURRENT) and r["status"] == "ok"}
     for r in rows:
         if r["status"] != "ok":
             continue
-        if floor is not None:
-            r["time_over_floor"] = r["step_time_s"] / floor["step_time_s"]
-        if r is floor:
+        for name, column in ((FLOOR, "time_over_floor"), (FLOOR_CONCURRENT, "time_over_floor_concurrent")):
+            if name in floors:
+                r[column] = r["step_time_s"] / floors[name]["step_time_s"]
+        if r["family"] in floors:
             continue
         ref = ours.get(r["stage"]) or ours.get(min(ours, default=None))
         if ref is None:
@@ -115,11 +126,12 @@ def compare(rows: list[dict]) -> list[dict]:
 
 
 def run_peers(spec, impls=None, log=print) -> list[dict]:
-    """The floor row, then one row per implementation, in order."""
+    """The floor rows, then one row per implementation, in order."""
     impls = list(impls or IMPLEMENTATIONS)
     for impl in impls:
         family(impl)  # an unknown name fails before anything runs
-    return compare([run_floor(spec, log)] + [run_one(impl, spec, log) for impl in impls])
+    floors = [run_floor(spec, log), run_floor_concurrent(spec, log)]
+    return compare(floors + [run_one(impl, spec, log) for impl in impls])
 
 
 def write_csv(rows: list[dict], path) -> None:

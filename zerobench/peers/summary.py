@@ -7,6 +7,13 @@ from __future__ import annotations
 import json
 
 GiB = 2**30
+FLOOR = "floor"  # one rank alone, no communication
+FLOOR_CONCURRENT = "floor-concurrent"  # dp such ranks at once, each alone
+FLOORS = (FLOOR, FLOOR_CONCURRENT)
+_FLOOR_LINES = {  # line style and legend in the figure
+    FLOOR: ("--", "floor: one rank, no comm."),
+    FLOOR_CONCURRENT: (":", "floor: dp ranks at once, no comm."),
+}
 
 
 def _load(csv_path):
@@ -20,13 +27,13 @@ def _fmt(x, spec: str, dash: str = "—") -> str:
 
 
 def peers_markdown(csv_path) -> str:
-    """One line per implementation, grouped by ZeRO stage, after the floor: median step time
-    [min–max], its ratio to the floor's, peak RSS per rank, collective bytes per step, the loss
+    """One line per implementation, grouped by ZeRO stage, after the floors: median step time
+    [min–max], its ratios to the floors, peak RSS per rank, collective bytes per step, the loss
     agreement with ours and the ratios ours / peer."""
     df = _load(csv_path)
     if df.empty:
         return "_no peer rows_\n"
-    peers = df[df["family"] != "floor"]
+    peers = df[~df["family"].isin(FLOORS)]
     first = (peers if not peers.empty else df).iloc[0]
     head = (
         f"Measured on one machine, one implementation at a time: `{first['model']}` "
@@ -34,24 +41,26 @@ def peers_markdown(csv_path) -> str:
         f"global batch {first['global_batch']}, {first['threads_per_rank']} thread per rank, median of "
         f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}. The floor is one rank at "
         f'the same per-rank batch with no communication (our engine at dp = 1); "/ floor" is each step time '
-        f"over it. Ratios are ours / peer at the same stage (< 1: ours faster or smaller). Load average "
+        f"over it. The concurrent floor is {first['dp']} such ranks stepping at once, each alone, sharing the "
+        f'machine as the ranks of a world do; "/ conc." is each step time over it. Ratios are ours / peer at '
+        f"the same stage (< 1: ours faster or smaller). Load average "
         f"(1 min) during the runs: "
         f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}.\n\n"
     )
     lines = [
-        "| stage | implementation | version | s/step (median [min–max]) | / floor | peak RSS/rank (GiB) "
-        "| comm MB/step | max loss rel. diff vs ours | time ours/peer | RSS ours/peer |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| stage | implementation | version | s/step (median [min–max]) | / floor | / conc. "
+        "| peak RSS/rank (GiB) | comm MB/step | max loss rel. diff vs ours | time ours/peer | RSS ours/peer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in df.sort_values(["stage", "family"], key=_order, na_position="first").iterrows():
         stage = _fmt(r["stage"], ".0f")
         if r["status"] != "ok":
-            lines.append(f"| {stage} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | | |")
+            lines.append(f"| {stage} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | | | |")
             continue
         lines.append(
             f"| {stage} | {r['impl']} | {r['peer_version']} "
             f"| {r['step_time_s']:.3f} [{r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f}] "
-            f"| {_fmt(r.get('time_over_floor'), '.2f')} "
+            f"| {_fmt(r.get('time_over_floor'), '.2f')} | {_fmt(r.get('time_over_floor_concurrent'), '.2f')} "
             f"| {r['peak_rss_bytes'] / GiB:.2f} | {_fmt(r['comm_bytes_per_step'] / 1e6, '.1f')} "
             f"| {_fmt(r['loss_max_rel_diff'], '.1e')} | {_fmt(r['time_ratio_ours_over'], '.2f')} "
             f"| {_fmt(r['rss_ratio_ours_over'], '.2f')} |"
@@ -68,7 +77,7 @@ def _clipping(row) -> str:
 
 def _order(col):
     if col.name == "family":
-        return col.map({"floor": -1, "zerobench": 0, "torch": 1, "deepspeed": 2})
+        return col.map({FLOOR: -2, FLOOR_CONCURRENT: -1, "zerobench": 0, "torch": 1, "deepspeed": 2})
     return col
 
 
@@ -80,8 +89,8 @@ def plot_peers(csv_path, png_path) -> None:
     import matplotlib.pyplot as plt
 
     df = _load(csv_path)
-    ok = df[(df["status"] == "ok") & (df["family"] != "floor")]
-    floor = df[(df["status"] == "ok") & (df["family"] == "floor")]
+    ok = df[(df["status"] == "ok") & ~df["family"].isin(FLOORS)]
+    floors = df[(df["status"] == "ok") & df["family"].isin(FLOORS)]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"zerobench": "tab:blue", "torch": "tab:orange", "deepspeed": "tab:green"}
     for ax, (col, scale, label) in zip(
@@ -89,8 +98,10 @@ def plot_peers(csv_path, png_path) -> None:
     ):
         ticks, names = [], []
         x = 0.0
-        if col == "step_time_s" and not floor.empty:
-            ax.axhline(floor["step_time_s"].iloc[0], color="black", linestyle="--", label="floor: one rank, no comm.")
+        if col == "step_time_s" and not floors.empty:
+            for _, f in floors.iterrows():
+                style, text = _FLOOR_LINES[f["family"]]
+                ax.axhline(f["step_time_s"], color="black", linestyle=style, label=text)
             ax.legend(loc="upper left", fontsize=8)
         for stage in sorted(ok["stage"].unique()):
             group = ok[ok["stage"] == stage].sort_values("family", key=_order)

@@ -1,6 +1,10 @@
 """What every ZeRO-DP stage shares (paper §5): the flat buffers, hooks that report each bucket's
 gradients complete, the collectives in flight, and the step on the pieces this rank owns — unscale,
 overflow check, global-norm clipping, Adam (§5.1) — after which each updated piece can be sent.
+When nothing needs the whole gradient before Adam (no clipping, no loss scaling, fp32), the step
+starts while the last reductions are still in flight: on 2 ranks of a 2-core machine the last
+bucket's reduction (the one holding the embedding, completed last by backward) was otherwise
+waited for with nothing to do.
 
 Each stage's own file says what it keeps, frees and communicates, and when: stage0.py (plain data
 parallelism), stage1.py (P_os), stage2.py (P_os+g), stage3.py (P_os+g+p).
@@ -93,8 +97,12 @@ class ZeroEngine:
         self.device = self.params[0].device
         self.scaler = LossScaler(precision.loss_scaling, precision.initial_loss_scale, precision.loss_scale_window)
         self.pool = BufferPool(self.dtype, self.device)  # freed bucket buffers, reused within a pass
-        self._in_flight: deque = deque()  # (handle, finish) of the reductions under way, in issue order
+        self._in_flight: deque = deque()  # (bucket, handle, finish) of the reductions under way, in issue order
         self._reduce_now = True
+        # The step may start while the last micro-batch's reductions are in flight, waiting for each
+        # piece's just before its Adam update, when nothing needs the whole gradient first (no
+        # clipping, no loss scaling) and the optimizer reads the reduced gradients in place (fp32).
+        self._overlap_step = train.clip_norm <= 0 and not self.scaler.enabled and self.dtype == torch.float32
 
     def _flat(self) -> FlatLayout:
         """Stages 0–2: the parameters packed in order into C_B buckets and moved into one flat
@@ -128,28 +136,46 @@ class ZeroEngine:
 
         return hook
 
-    def _backward(self, loss: torch.Tensor, reduce: bool) -> None:
+    def _backward(self, loss: torch.Tensor, reduce: bool, last_micro_batch: bool) -> None:
         """Backward of one micro-batch's mean loss, scaled by 1/(grad_accum·N_d) (and the loss
         scale): the sum that the reductions compute is then the average, with no division pass
-        over the gradients. With `reduce`, each bucket's reduction starts once it is complete."""
+        over the gradients. With `reduce`, each bucket's reduction starts once it is complete; the
+        last micro-batch's may still be in flight when it returns (`_overlap_step`)."""
+        self._drain(0)
         self._reduce_now = reduce
         self._pending = [len(b.slots) for b in self.layout.buckets]
         (loss * (self.scaler.scale / (self.train.grad_accum * self.ctx.dp.size))).backward()
-        self._drain(0)
+        if not (last_micro_batch and self._overlap_step):
+            self._drain(0)
         self.grads.fresh = False
         self.pool.clear()
+
+    def _start(self, bucket: Bucket, handle: Handle, finish=lambda: None) -> None:
+        """A bucket's reduction is in flight; `finish` runs once it is done."""
+        self._in_flight.append((bucket.index, handle, finish))
 
     def _drain(self, keep: int) -> None:
         """Wait for the oldest reductions until at most `keep` are in flight."""
         while len(self._in_flight) > keep:
-            handle, finish = self._in_flight.popleft()
+            _, handle, finish = self._in_flight.popleft()
             handle.wait()
             finish()
+
+    def _drain_through(self, bucket: int) -> None:
+        """Wait for the reductions issued up to and including bucket's (if it is in flight)."""
+        while any(b == bucket for b, _, _ in self._in_flight):
+            self._drain(len(self._in_flight) - 1)
 
     def step(self) -> bool:
         """Unscale, check overflow, clip by the global norm, Adam on the owned pieces, each piece
         sent (`_send`) while Adam works on the next. False when an fp16 overflow skipped the step.
-        The next backward overwrites the gradients."""
+        The next backward overwrites the gradients. With reductions still in flight
+        (`_overlap_step`), Adam takes first the pieces already reduced, then the others in the
+        order their reductions were issued, waiting for each; the norm (recorded, not applied)
+        follows: Adam does not write the gradients, so it is the same number."""
+        if self._in_flight:
+            self._overlapped_step()
+            return True
         # fp32 views are clipped in place (the next backward overwrites them); 16-bit ones are upcast.
         grads = [g if g.dtype == torch.float32 else g.float() for g in self.grad_pieces]
         if self.scaler.enabled:
@@ -168,6 +194,24 @@ class ZeroEngine:
                 handle.wait()
         self.grads.fresh = True
         return not overflow
+
+    def _overlapped_step(self) -> None:
+        flying = [b for b, _, _ in self._in_flight]
+        order = [i for i in range(len(self.grad_pieces)) if i not in flying] + flying
+        sends = []
+        self.optimizer.step(
+            self.grad_pieces,
+            order=order,
+            before_piece=self._drain_through,
+            after_piece=lambda i: sends.append(self._send(i)),
+        )
+        for handle in sends:
+            handle.wait()
+        grads = self.grad_pieces
+        counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
+        self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+        self.grads.fresh = True
+        self.pool.clear()  # the staging buffers the last reductions handed back
 
     def _send(self, i: int) -> Handle:
         """Nothing to send: every rank updated piece i itself (the stage says otherwise)."""

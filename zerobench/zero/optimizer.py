@@ -47,13 +47,16 @@ class ShardedAdam:
         flats = [self.exp_avg_flat, self.exp_avg_sq_flat] + ([self.master_flat] if self.mixed else [])
         return sum(t.numel() * t.element_size() for t in flats)
 
-    def step(self, grads: list[torch.Tensor], after_piece=lambda i: None) -> None:
+    def step(self, grads: list[torch.Tensor], after_piece=lambda i: None, order=None, before_piece=lambda i: None):
         """One Adam update with fp32 `grads` (same pieces as `params`, already unscaled/clipped),
-        piece by piece; `after_piece(i)` runs once piece i's parameters are final, so the engine
-        can send them while the next piece is updated."""
+        piece by piece, in `order` (default: index order; the pieces are independent, so any order
+        gives the same result); `before_piece(i)` runs before piece i is read (the engine waits for
+        its gradient), `after_piece(i)` once its parameters are final, so the engine can send them
+        while the next piece is updated."""
         t = self.train
         fused = self.master[0].device.type == "cpu"
-        for i in range(len(self.params)):
+        for i in range(len(self.params)) if order is None else order:
+            before_piece(i)
             adam(
                 [self.master[i]],
                 [grads[i]],

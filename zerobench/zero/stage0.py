@@ -2,7 +2,8 @@
 
 Keeps: every parameter, gradient and optimizer state, whole, on every rank ((2 + 2 + K)Ψ bytes in
 mixed precision). Frees: nothing. Communicates: each bucket's gradients are all-reduced as soon as
-backward has completed them (asynchronously, overlapping the rest of backward), once per step: with
+backward has completed them (asynchronously, overlapping the rest of backward and, with no clipping
+or loss scaling, the step's Adam on the buckets already reduced: core.py), once per step: with
 m micro-batches of accumulation, the first m − 1 only add into the gradient buffer. 2Ψ(N_d−1)/N_d
 elements per step and rank. Every rank then runs the same Adam on everything: nothing is sent after
 the step.
@@ -26,8 +27,8 @@ class Stage0(ZeroEngine):
         self._attach(layout, owned, pieces, FullGradients(layout, owned, self.dtype, self.device), partitioned=False)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
-        self._backward(loss, reduce=last_micro_batch)
+        self._backward(loss, reduce=last_micro_batch, last_micro_batch=last_micro_batch)
 
     def _reduce(self, bucket) -> None:
         handle = self.comms.all_reduce(self.grads.of(bucket), self.ctx.dp, async_op=True)
-        self._in_flight.append((handle, lambda: None))
+        self._start(bucket, handle)

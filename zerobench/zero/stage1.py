@@ -29,14 +29,14 @@ class Stage1(ZeroEngine):
         self._attach(layout, owned, pieces, FullGradients(layout, owned, self.dtype, self.device), partitioned=True)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
-        self._backward(loss, reduce=last_micro_batch)
+        self._backward(loss, reduce=last_micro_batch, last_micro_batch=last_micro_batch)
 
     def _reduce(self, bucket) -> None:
         # The sum can't land in this rank's chunk of the full buffer directly: that chunk is also
         # this rank's input to it.
         dst, out = self.grad_pieces[bucket.index], self.pool.take(bucket.chunk)
         handle = self.comms.reduce_scatter(out, self.grads.of(bucket), self.ctx.dp, async_op=True)
-        self._in_flight.append((handle, lambda: (dst.copy_(out), self.pool.give(out))))
+        self._start(bucket, handle, lambda: (dst.copy_(out), self.pool.give(out)))
 
     def _send(self, i: int) -> Handle:
         return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)

@@ -74,11 +74,11 @@ class Stage2(ZeroEngine):
         self._attach(layout, owned, [self.flat_param[lo:hi] for lo, hi in owned], grads, partitioned=True)
 
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
-        self._backward(loss, reduce=True)
+        self._backward(loss, reduce=True, last_micro_batch=last_micro_batch)
 
     def _reduce(self, bucket) -> None:
         self._drain(MAX_IN_FLIGHT - 1)
-        self._in_flight.append(self.grads.reduce(bucket))
+        self._start(bucket, *self.grads.reduce(bucket))
 
     def _send(self, i: int) -> Handle:
         return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)

@@ -196,7 +196,7 @@ class Stage3(ZeroEngine):
     def backward(self, loss: torch.Tensor, last_micro_batch: bool = True) -> None:
         self._in_backward = True
         try:
-            self._backward(loss, reduce=True)
+            self._backward(loss, reduce=True, last_micro_batch=last_micro_batch)
         finally:
             self._in_backward = False
         self.gathered.end_micro_batch()  # normally nothing left: released when their grads were reduced
@@ -204,7 +204,7 @@ class Stage3(ZeroEngine):
 
     def _reduce(self, bucket) -> None:
         self._drain(MAX_IN_FLIGHT - 1)
-        self._in_flight.append(self.grads.reduce(bucket))
+        self._start(bucket, *self.grads.reduce(bucket))
         if bucket.index in self.gathered.ready and not self._uses.get(bucket.index):
             self.gathered.release(bucket.index)
 
