@@ -1,15 +1,16 @@
-"""The host allocator a measured CPU trial runs with (`--allocator`).
+"""The host allocator a measured CPU trial runs with (`--allocator system|jemalloc|auto`).
 
-glibc's malloc keeps freed activations in its heap while its mmap threshold moves with the sizes
-freed, so a trial's peak RSS lands 40-110 % above the most bytes its tensors hold at once
-(cpu-10m and cpu-100m trials against `zerobench trace`'s count: 57-318 MiB more), in a way
-that depends on the order of allocations rather than on the model. jemalloc, which PyTorch's own
-CPU launcher preloads (`python -m torch.backends.xeon.run_cpu --enable-jemalloc`), keeps it
-within about 30 MiB of the tensors (cpu-10m, micro-batch 1-8); its steps ran 7-15 % slower there
-(cpu-10m, one rank: it returns freed pages, which are faulted in again). So `auto`
-(the default) re-executes `zerobench run` and `zerobench calibrate` with jemalloc preloaded when
-the library is installed (Debian/Ubuntu: apt-get install libjemalloc2), and every record says
-which allocator ran (`allocator`).
+The default is the system's (glibc malloc): what a user runs, and the faster here. But glibc keeps
+freed activations in its heap while its mmap threshold moves with the sizes freed, so a trial's
+peak RSS lands 40-110 % above the most bytes its tensors hold at once (cpu-10m and cpu-100m
+trials against `zerobench trace`: 57-318 MiB more), in a way that follows the order of the
+allocations rather than the model. Under jemalloc (`oversize_threshold:0`: large tensors from the
+ordinary arenas) RSS is the tensors plus ~30 MiB (cpu-10m, micro-batch 1-8), and the steps run
+slower: 15-25 % at one rank, 0-10 % at two, on this machine, as it returns freed pages that are
+faulted in again. So a trial that checks memory against a prediction asks for jemalloc (the
+model_vs_measured sheet's memory trials); `auto` takes it when installed (Debian/Ubuntu:
+apt-get install libjemalloc2; scripts/setup.sh does as root). `zerobench run` and `calibrate`
+re-execute themselves with it preloaded, and every record says which allocator ran.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pathlib import Path
 from zerobench.config import ConfigError
 
 CHOICES = ("auto", "jemalloc", "system")
-# What PyTorch's CPU launcher sets with jemalloc (torch/backends/xeon/run_cpu.py), unless set already
-MALLOC_CONF = "oversize_threshold:1,background_thread:true,metadata_thp:auto"
+# Unless set already. Not PyTorch's CPU launcher's "oversize_threshold:1,background_thread:true"
+# (torch/backends/xeon/run_cpu.py): its background purge thread takes a core from the ranks when
+# they fill the host (cpu-10m dp 2: 0.32 s per step against 0.29 s with this and 0.28-0.30 s on glibc)
+MALLOC_CONF = "oversize_threshold:0"
 _PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
           "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")  # fmt: skip
 

@@ -195,7 +195,7 @@ def _summarise(record: dict) -> None:
 
 
 def allocator_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allocator", default="auto", choices=("auto", "jemalloc", "system"),
+    p.add_argument("--allocator", default="system", choices=("auto", "jemalloc", "system"),
                    help="host allocator on CPU (zerobench/allocator.py); auto: jemalloc when installed")  # fmt: skip
 
 

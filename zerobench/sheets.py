@@ -54,6 +54,7 @@ FIELDS: dict[str, tuple[str, str | None]] = {
     "zero_os": ("zeroos", "--zero-os"),
     "attention": ("attn-", "--attention"),
     "states_only": ("states", "--states-only"),
+    "allocator": ("", "--allocator"),
     # a name for the point in the artifact's table (e.g. "Fig 2 ZeRO 8B"); not a flag
     "label": (None, None),
 }
@@ -140,6 +141,7 @@ def trial_id(trial: dict) -> str:
 # it takes no batch or depth policy.
 MODEL_ONLY = ("hardware", "zero_os", "attention")
 TRACE_ONLY = ("states_only",)
+MEASURED_ONLY = ("allocator",)  # the host allocator a real run's RSS depends on (zerobench/allocator.py)
 NOT_TRACED = ("micro_batch_policy", "layers_policy")
 
 
@@ -149,6 +151,7 @@ def trial_flags(trial: dict) -> list[str]:
     source = trial["source"]
     skip = (MODEL_ONLY if source != "modelled" else ()) + (NOT_TRACED if source == "traced" else ())
     skip += TRACE_ONLY if source != "traced" else ()
+    skip += MEASURED_ONLY if source != "measured" else ()
     flags = []
     for name, (_, flag) in FIELDS.items():
         value = trial.get(name)

@@ -204,13 +204,17 @@ def test_model_vs_measured_rows_from_a_record():
         num_params=1000, step_time_s=0.5, step_time_min_s=0.4, step_time_max_s=0.6, rss_growth_bytes=64 * 2**20,
         comm={"reduce_scatter/dp": {"seconds": 0.2}, "all_gather/dp": {"seconds": 0.1}},
     )  # fmt: skip
-    df = model_vs_measured([record, dict(record, status="oom", error="over budget")], CPU)
+    # the step judged on the system allocator, the memory on jemalloc (zerobench/allocator.py)
+    jemalloc = dict(record, allocator="jemalloc")
+    df = model_vs_measured([record, jemalloc, dict(record, status="oom", error="over budget")], CPU)
+    assert len(df) == 3
     step, mem, oom = df.iloc[0], df.iloc[1], df.iloc[2]
     pred = predict(*_configs(record), CPU, attention="fused")
-    assert step.ours == pytest.approx(pred.step_time_s) and step.expected == 0.5
+    assert step.ours == pytest.approx(pred.step_time_s) and step.expected == 0.5 and step.allocator == "system"
     assert step.error_pct == pytest.approx(100 * (pred.step_time_s - 0.5) / 0.5)
     assert step.measured_comm_s == pytest.approx(0.15)  # 0.3 s of collectives over 2 steps
     assert mem.expected == 64 and mem.ours == pytest.approx(pred.memory.total_bytes / 2**20)
+    assert mem.allocator == "jemalloc" and "memory" in mem.key and "step" not in mem.key
     assert oom.status == "oom" and oom.ours != oom.ours  # NaN: nothing predicted for a failed trial
 
 
