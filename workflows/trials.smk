@@ -30,9 +30,11 @@ rule run_trial:
         flags=trial_flags,
         device=config["device"],
         time_limit=config["time_limit_s"],
-    # one intra-op thread per rank: Snakemake sets OMP_NUM_THREADS to the job's threads (its ranks)
+    # one intra-op thread per rank: Snakemake sets OMP_NUM_THREADS and MKL_NUM_THREADS (MKL runs the
+    # GEMMs) to the job's threads, its ranks
     shell:
-        "OMP_NUM_THREADS=1 {resources.mpi} python -m zerobench.cli run {params.flags} --device {params.device}"
+        "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {resources.mpi} python -m zerobench.cli run {params.flags}"
+        " --device {params.device}"
         " --time-limit {params.time_limit} --out {output} > {log} 2>&1"
 
 
