@@ -159,7 +159,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     slowdown = concurrency_slowdown(ranks, log) if device == "cpu" and ranks > 1 else 1.0
     # bytes/s of the residual add (read 2, write 1) at its largest size: the memory bandwidth
     add = max((r for r in kernels if r[0] == "residual_add"), key=lambda r: r[1])
-    stream_bw = 3 * add[1] * torch.tensor([], dtype=dtype).element_size() / add[2]
+    stream_bw = 3 * add[1] * dtype.itemsize / add[2]
     devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
     sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
     coll, coll_samples = collectives(device, sizes, log)

@@ -57,8 +57,8 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
         acts += model.num_params / mp * FP32
     # Stages 2-3 reduce as backward goes: a reduce bucket in flight (C_B, or all the gradients if
     # fewer; stage 3 per module, the embedding last), and stage 3 holds the gathered embedding.
-    grads = model.num_params / mp * FP32 if parallel.stage == 2 else vocab * h * FP32
-    buckets = min(parallel.bucket_bytes, grads) if parallel.stage >= 2 else 0.0
+    in_flight = {2: model.num_params / mp * FP32, 3: vocab * h * FP32}.get(parallel.stage, 0.0)
+    buckets = min(parallel.bucket_bytes, in_flight)
     gathered = vocab * h * precision.bytes_pgk[0] if parallel.stage == 3 else 0.0
     return {
         **states,
