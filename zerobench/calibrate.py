@@ -124,8 +124,9 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     return alpha, sum(v * v for v, _ in large) / max(sum(v * t for v, t in large), 1e-12)
 
 
-def collectives(device: str, sizes: list[int], log) -> tuple[list[list], dict]:
-    rows, samples = [], {}
+def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[list]]:
+    """(α–β rows (op, size, α, bytes/s), curve rows (op, size, per-rank ring volume, seconds))."""
+    rows, curve = [], []
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             init, out = f"file://{tmp}/rendezvous", os.path.join(tmp, "rows.pt")
@@ -135,9 +136,9 @@ def collectives(device: str, sizes: list[int], log) -> tuple[list[list], dict]:
             pts = [(v, t) for o, v, t in measured if o == op]
             alpha, bw = _fit_alpha_beta(pts)
             rows.append([op, size, alpha, bw])
-            samples[f"{op}/{size}"] = pts
+            curve += [[op, size, v, t] for v, t in pts]
             log(f"{op} x{size}: alpha {alpha * 1e6:.0f} us, {bw / 1e9:.2f} GB/s of ring volume")
-    return rows, samples
+    return rows, curve
 
 
 def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: str | None = None, log=print):
@@ -162,7 +163,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     stream_bw = 3 * add[1] * dtype.itemsize / add[2]
     devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
     sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
-    coll, coll_samples = collectives(device, sizes, log)
+    coll, curve = collectives(device, sizes, log)
     if coll:
         ring_bw = max(r[3] for r in coll if r[0] == "all_reduce")
         alpha = min(r[2] for r in coll if r[0] == "all_reduce")
@@ -185,10 +186,10 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
         gemm_table=tuple(map(tuple, gemm)), kernel_table=tuple(map(tuple, kernels)),
         adam_s_per_param=adam, clip_s_per_param=clip, op_overhead_s=per_op, ops_per_layer=ops_per_layer,
         ops_fixed=ops_fixed, runtime_bytes=runtime, concurrency_slowdown=slowdown,
-        collectives=tuple(map(tuple, coll)), ranks_share_compute=device == "cpu",
-        reserve_bytes=0.0 if device == "cpu" else None,
+        collectives=tuple(map(tuple, coll)), collective_table=tuple(map(tuple, curve)),
+        ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
-    samples = {"collectives": coll_samples, "torch": torch.__version__,
+    samples = {"torch": torch.__version__,
                "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "gemm": gemm}  # fmt: skip
     return profile, samples

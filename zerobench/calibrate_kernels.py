@@ -5,11 +5,17 @@ output per call), on one core (CPU) or one GPU. perfmodel/kernels.py reads the r
 - `linear`: F.linear with a bias, the engine's every GEMM (zerobench/model.py: qkv, proj, fc,
   the tied logits without bias), over a grid of (tokens, fan-in, fan-out); forward is one GEMM
   (input × weightᵀ), backward two (input and weight gradients) and the bias gradient's sum.
+  Timed cold, as a step runs them: a step reads each weight once in forward and once in backward
+  with every other layer in between, so the weight and the saved input come from beyond the
+  core's cache. A stack of copies runs forward, then backward in reverse (on this CPU a 128-token
+  linear runs 1.1-1.7x as long with its operands cold as hot; from 512 tokens 1.04-1.2x).
 - named kernels by size: `layernorm`, `gelu` (tanh form, as the model), `residual_add`,
   `cross_entropy` (log-softmax and NLL over t × V logits; `vocab_cross_entropy`, Megatron's over
   vocab-sharded logits, parallel/tensor_parallel.py, for mp > 1), `attention` (torch's fused
   scaled_dot_product_attention, causal; its size is heads·b·s²·d) and `softmax` (the
-  materialized attention's pass, for the paper's 2020 kernel), `copy` (into an existing buffer).
+  materialized attention's pass, for the paper's 2020 kernel), `copy` (into an existing buffer),
+  `embedding` (F.embedding's lookup and its dense weight gradient: a zeroed V·h tensor and the
+  rows' scatter-add; its size is V·h).
 - the step after backward: Adam over fp32 pieces (zero/optimizer.py's ShardedAdam, fused on CPU)
   and the global-norm clip (`global_grad_norm` + `clip_`), seconds per parameter.
 - per-op cost: Python, dispatcher and autograd time of an op whose arithmetic is negligible, and
@@ -33,6 +39,10 @@ from zerobench.parallel.topology import Group
 # cap are skipped (saturated: the model reads their rate from the largest measured neighbours).
 GEMM_DIMS = {"cpu": (64, 256, 1024, 4096, 16384), "cuda": (256, 1024, 4096, 16384)}
 GEMM_FLOP_CAP = {"cpu": 8e9, "cuda": 2e12}
+GEMM_PASSES = 3
+# bytes a stack of linears outgrows before a copy is reused: 4x a CPU core's private L2 (2 MiB
+# here), past a GPU's L2 (50-60 MiB)
+EVICT_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
 KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**27)}
 # (b·heads, s, head size) of the attention benchmark, the sizes the sheets run
 ATTENTION_SHAPES = {"cpu": ((8, 64, 32), (32, 128, 32), (48, 256, 64), (16, 512, 64)),
@@ -76,25 +86,60 @@ def forward_backward(forward, leaves: list[torch.Tensor], device: str, min_s: fl
     return fwd, max(timed(both, device, min_s) - fwd, 0.0)
 
 
+def stacked_forward_backward(make, device: str, min_s: float = 0.02, reps: int = 3) -> tuple[float, float]:
+    """(forward s, backward s) per call of `make()`'s (forward closure, leaves), run as a step runs
+    its layers: a stack of independent copies (enough that they outgrow EVICT_BYTES) through
+    forward in order, then backward in reverse, so that each copy's weight and saved input were
+    evicted by the others before it is used (rotating buffers). Median over `reps` of the mean."""
+    first = make()
+    nbytes = sum(t.numel() * t.element_size() for t in first[1]) + first[0]().numel() * first[1][0].element_size()
+    stack = [first] + [make() for _ in range(min(256, max(1, -(-EVICT_BYTES[device] // nbytes))))]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    grad = torch.randn_like(first[0]())
+    fwd, bwd = [], []
+    for _ in range(reps + 1):  # the first pass warms up
+        f = b = 0.0
+        n, t_end = 0, time.perf_counter() + min_s
+        while n == 0 or time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            outs = [forward() for forward, _ in stack]
+            sync()
+            t1 = time.perf_counter()
+            for out in reversed(outs):
+                out.backward(grad)
+            sync()
+            f, b, n = f + t1 - t0, b + time.perf_counter() - t1, n + len(stack)
+            for _, leaves in stack:
+                for t in leaves:
+                    t.grad = None
+        fwd.append(f / n)
+        bwd.append(b / n)
+    return statistics.median(fwd[1:]), statistics.median(bwd[1:])
+
+
 def _leaf(*shape, device, dtype) -> torch.Tensor:
     return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
 
 
-def gemm_table(device: str, dtype: torch.dtype, log) -> list[list]:
-    """Rows (tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s) of F.linear."""
-    rows, dims = [], GEMM_DIMS[device]
-    for m in dims:
-        for n in dims:
-            for k in dims:
-                flops = 2 * m * n * k
-                if flops > GEMM_FLOP_CAP[device]:
-                    continue
-                x, w, b = _leaf(m, k, device=device, dtype=dtype), _leaf(n, k, device=device, dtype=dtype), \
-                    _leaf(n, device=device, dtype=dtype)  # fmt: skip
-                fwd, bwd = forward_backward(lambda x=x, w=w, b=b: F.linear(x, w, b), [x, w, b], device)
-                rows.append([m, n, k, flops / fwd, 2 * flops / max(bwd, 1e-9)])
-    log(f"linear: {len(rows)} shapes, {dtype}, forward best {max(r[3] for r in rows) / 1e9:.1f} GFLOP/s, "
-        f"backward best {max(r[4] for r in rows) / 1e9:.1f}")  # fmt: skip
+def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
+    """Rows (tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s) of F.linear, cold:
+    each shape's median over `passes` sweeps of the whole grid, so that a shared host's slow
+    second lands on one sample of a shape rather than on all of them."""
+    dims = GEMM_DIMS[device]
+    shapes = [(m, n, k) for m in dims for n in dims for k in dims if 2 * m * n * k <= GEMM_FLOP_CAP[device]]
+
+    def make(m, n, k):
+        x, w, b = (_leaf(m, k, device=device, dtype=dtype), _leaf(n, k, device=device, dtype=dtype),
+                   _leaf(n, device=device, dtype=dtype))  # fmt: skip
+        return (lambda: F.linear(x, w, b)), [x, w, b]
+
+    samples = [[stacked_forward_backward(lambda s=s: make(*s), device, reps=1) for s in shapes] for _ in range(passes)]
+    rows = []
+    for i, (m, n, k) in enumerate(shapes):
+        fwd, bwd = (statistics.median(p[i][j] for p in samples) for j in (0, 1))
+        rows.append([m, n, k, 2 * m * n * k / fwd, 4 * m * n * k / max(bwd, 1e-9)])
+    log(f"linear: {len(rows)} shapes x {passes} passes, {dtype}, forward best {max(r[3] for r in rows) / 1e9:.1f} "
+        f"GFLOP/s, backward best {max(r[4] for r in rows) / 1e9:.1f}")  # fmt: skip
     return rows
 
 
@@ -107,6 +152,8 @@ def _kernels(numel: int, device: str, dtype) -> dict:
     target = torch.randint(0, 8192, (logits.shape[0],), device=device)
     scores = _leaf(numel // 128, 128, device=device, dtype=dtype)
     dst = torch.empty(numel, device=device, dtype=dtype)
+    table = _leaf(numel // h, h, device=device, dtype=dtype)  # V·h: the tied embedding matrix
+    idx = torch.randint(0, table.shape[0], (512,), device=device)  # a micro-batch's tokens
     tp = TensorParallel(Group("mp", 1, 0), Comms())  # a group of one: its all-reduces are no-ops
     shard = VocabShard(logits.shape[1], 0, logits.shape[1])
     return {
@@ -120,6 +167,7 @@ def _kernels(numel: int, device: str, dtype) -> dict:
         "softmax": (lambda: F.softmax(scores, dim=-1), [scores]),
         # into an existing buffer, as the engine's hooks copy each gradient into its flat slot
         "copy": (lambda: dst.copy_(x.detach().view(-1)), []),
+        "embedding": (lambda: F.embedding(idx, table), [table]),
     }
 
 
@@ -127,10 +175,12 @@ def kernel_table(device: str, dtype: torch.dtype, log) -> list[list]:
     """Rows (kernel, size, forward s, backward s); size in elements, attention's heads·b·s²·d."""
     rows = []
     for numel in KERNEL_NUMEL[device]:
-        for name, (fn, leaves) in _kernels(numel, device, dtype).items():
+        kernels = _kernels(numel, device, dtype)
+        for name, (fn, leaves) in kernels.items():
             size = leaves[0].numel() if leaves else numel
             rows.append([name, size, *forward_backward(fn, leaves, device)])
-        log(f"kernels at {numel} elements: " + ", ".join(f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows[-7:]))
+        log(f"kernels at {numel} elements: "
+            + ", ".join(f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows[-len(kernels):]))  # fmt: skip
     for bh, s, d in ATTENTION_SHAPES[device]:
         q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))
         fn = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
@@ -216,7 +266,7 @@ def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
         start.wait()
 
 
-def concurrency_slowdown(ranks: int, log, reps: int = 30, rounds: int = 3) -> float:
+def concurrency_slowdown(ranks: int, log, reps: int = 30, rounds: int = 5) -> float:
     """How much slower the step's kernels run on one core while `ranks` processes run them at once
     (one per core: they share the memory bandwidth and the last-level cache) than alone: the
     median over `rounds` of (mean time together) / (time alone, just before)."""

@@ -11,13 +11,16 @@ import pytest
 
 from zerobench import calibrate, calibrate_kernels
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.perfmodel import DEFAULT, get_profile, predict, profile_file
+from zerobench.perfmodel import DEFAULT, get_profile, network, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import gemm_rate, kernel_time
 from zerobench.perfmodel.profile_file import KERNELS
 
 FWD, BWD = 1e10, 2e10  # FLOP/s of every linear shape in the test profile, forward and backward
 CF, CB = 1e-9, 3e-9  # seconds per element (attention: per unit of b·heads·s²·d) of every named kernel
+MODEL = ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256)  # the hand-derived terms' model
+HALF = MODEL.num_params * 4 / 2  # its fp32 gradients' per-rank ring volume at dp 2, stage 1
+COLLECTIVES = (("all_reduce", 2, 1e-4, 1e9), ("reduce_scatter", 2, 2e-4, 5e8), ("all_gather", 2, 3e-4, 2.5e8))
 CPU = HardwareProfile(
     name="test-cpu", gpu="test", peak_flops=FWD, memory_bytes=8 * 2**30, hbm_bw=2e9, gpus_per_node=2,
     intra_bw=1e9, nic_bw=1e9, nics_per_node=1, host_bw=2e9, intra_latency=1e-5, inter_latency=1e-5,
@@ -25,7 +28,8 @@ CPU = HardwareProfile(
     kernel_table=tuple((k, n, CF * n, CB * n) for k in KERNELS for n in (1e3, 1e8)),
     adam_s_per_param=5e-9, clip_s_per_param=1e-9, op_overhead_s=4e-6, ops_per_layer=100, ops_fixed=30,
     runtime_bytes=16 * 2**20, concurrency_slowdown=1.25,
-    collectives=(("all_reduce", 2, 1e-4, 1e9), ("reduce_scatter", 2, 2e-4, 5e8), ("all_gather", 2, 3e-4, 2.5e8)),
+    collectives=COLLECTIVES,  # measured curves on the α–β lines, HALF among their points
+    collective_table=tuple((op, n, v, a + v / bw) for op, n, a, bw in COLLECTIVES for v in (1e3, HALF, 1e9)),
     ranks_share_compute=True, reserve_bytes=0.0,
 )  # fmt: skip
 
@@ -72,6 +76,8 @@ def test_profile_found_by_name(tmp_path, monkeypatch):
         (lambda p: p.update(concurrency_slowdown=0.5), "concurrency_slowdown"),
         (lambda p: p.update(collectives=[["broadcast", 2, 0.0, 1e9]]), r"collectives\[0\]\.op"),
         (lambda p: p.update(collectives=[["all_reduce", 1, 0.0, 1e9]]), r"collectives\[0\]\.size"),
+        (lambda p: p.update(collective_table=[]), "collective_table: no row of all_reduce over 2 ranks"),
+        (lambda p: p.update(collective_table=[["all_reduce", 2, -1.0, 1e-3]]), r"collective_table\[0\]\.volume"),
         (lambda p: p.update(measured="yes"), "measured"),
         (lambda p: p.update(colour="red"), "colour"),
     ],
@@ -119,7 +125,7 @@ def test_measured_profile_terms_hand_derived():
     # one rank, no checkpointing, fp32 on CPU: each linear 1x forward and 2x its FLOPs backward at
     # the table's rates; every named kernel per element; the grads copied once; per-op cost; Adam
     # and clip per parameter; no fixed overhead
-    model = ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256)
+    model = MODEL
     b = 4
     pred = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU,
                    attention="fused")  # fmt: skip
@@ -127,7 +133,8 @@ def test_measured_profile_terms_hand_derived():
     linears = 2 * t * 12 * h * h  # qkv, proj, fc1, fc2: 3h² + h² + 4h² + 4h² per token, 2 FLOPs each
     gemm = 2 * (linears / FWD + 2 * linears / BWD) + 2 * t * h * v * (1 / FWD + 2 / BWD)  # 2 layers + logits
     per_layer = 2 * t * h + 4 * t * h + 2 * t * h + b * s * s * h  # 2 layernorms, GeLU, 2 adds, attention
-    kernels = 2 * per_layer * (CF + CB) + (t * v + t * h) * (CF + CB) + psi * CF  # + loss, final norm, copy
+    # + loss, final norm, the tied embedding's dense gradient and its add to the logits', copy
+    kernels = 2 * per_layer * (CF + CB) + (t * v + t * h + v * h) * (CF + CB) + v * h * CF + psi * CF
     assert pred.compute_s == pytest.approx(gemm + kernels + (2 * 100 + 30) * 4e-6)
     assert pred.optimizer_s == pytest.approx(psi * 6e-9) and pred.overhead_s == 0.0
     # two ranks on the 2-core host own a core each but slow each other (x1.25 measured), four
@@ -139,8 +146,7 @@ def test_measured_profile_terms_hand_derived():
                    TrainConfig(micro_batch=b), CPU, attention="fused")  # fmt: skip
     assert two.compute_s == pytest.approx(1.25 * pred.compute_s)
     assert four.compute_s == pytest.approx(2.5 * pred.compute_s)
-    half = psi * 4 / 2  # (n-1)/n of the gradient bytes per rank
-    assert two.dp_comm_s == pytest.approx(2e-4 + half / 5e8 + 3e-4 + half / 2.5e8)
+    assert two.dp_comm_s == pytest.approx(2e-4 + HALF / 5e8 + 3e-4 + HALF / 2.5e8)
     # materialized attention: the scores and context products as GEMMs, and a softmax pass over
     # a·b·s² scores, in place of the fused kernel
     mat = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU,
@@ -152,6 +158,19 @@ def test_measured_profile_terms_hand_derived():
     bf16 = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("bf16", "cpu"), TrainConfig(micro_batch=b), CPU,
                    attention="fused")  # fmt: skip
     assert bf16.compute_s - pred.compute_s == pytest.approx(2 * psi * CF)
+
+
+def test_collective_curve_is_read_between_and_beyond_its_points():
+    # log-log between measured messages; the smallest one's time below them; the fitted
+    # bandwidth beyond the largest; `calls` calls each of its share of the volume
+    hw = dataclasses.replace(CPU, collective_table=(("all_reduce", 2, 1e3, 1e-4), ("all_reduce", 2, 1e5, 1e-2)) + tuple(
+        r for r in CPU.collective_table if r[0] != "all_reduce"))  # fmt: skip
+    group = network.ring(2, 1, hw, DEFAULT)
+    assert group.all_reduce(1e4) == pytest.approx(1e-3)  # volume 1e4: halfway in log, 1e-3 s
+    assert group.all_reduce(10.0) == pytest.approx(1e-4)
+    assert group.all_reduce(1e6 + 1e5) == pytest.approx(1e-2 + 1e6 / 1e9)
+    assert group.all_reduce(2e4, calls=2) == pytest.approx(2e-3)
+    assert network.ring(1, 1, hw, DEFAULT).all_reduce(1e6) == 0.0
 
 
 def test_unknown_attention_is_refused():

@@ -7,13 +7,16 @@ Megatron's column/row split, paper §4.2; the engine's zerobench/model.py has th
 GEMMs `qkv` (t×h)·(h×3h/mp), `proj` (t×h/mp)·(h/mp×h), `fc1` (t×h)·(h×4h/mp),
 `fc2` (t×4h/mp)·(4h/mp×h); attention `scores` QKᵀ and `context` P·V, b·a/mp batched (s×d)·(d×s)
 and (s×s)·(s×d). Backward runs each GEMM twice (input and weight gradient: the same FLOPs with
-the dimensions permuted). The logits GEMM (t×h)·(h×V/mp) runs once per micro-batch.
+the dimensions permuted). The logits GEMM (t×h)·(h×V/mp) runs once per micro-batch. GEMM rates
+are measured cold (calibrate_kernels.py): a step reads each weight with every other layer between.
 
 Element-wise kernels (forward; backward reads and writes twice the bytes): `layernorm` ×2 (read
 t·h, write t·h), `gelu` (t·4h/mp each way), `residual_add` ×2 (read 2, write 1 × t·h), and with
 `materialized` attention `softmax` over the scores (read and write a/mp·b·s², Megatron's fused
 scale-mask-softmax). `fused` attention (flash-style: torch's scaled_dot_product_attention, which
-the engine calls) keeps no score matrix and runs no separate softmax pass.
+the engine calls) keeps no score matrix and runs no separate softmax pass. Once per micro-batch:
+the loss over the logits, the final layernorm, and the tied embedding's dense V·h/mp gradient
+with autograd's add of it to the logits' weight gradient.
 """
 
 from __future__ import annotations
@@ -126,6 +129,10 @@ def measured_compute_time(
     gemm += logits / gemm_rate(hw, t, v, model.hidden) + 2 * logits / gemm_rate(hw, t, v, model.hidden, True)
     loss = "cross_entropy" if mp == 1 else "vocab_cross_entropy"  # Megatron's own passes over sharded logits
     kernels += sum(kernel_time(hw, loss, t * v)) + sum(kernel_time(hw, "layernorm", t * model.hidden))
+    # the tied embedding (model.py's TiedVocab): the lookup's dense V·h/mp gradient, and autograd's
+    # add of it to the logits' weight gradient (two uses of one leaf: one out-of-place add)
+    table = v * model.hidden
+    kernels += sum(kernel_time(hw, "embedding", table)) + kernel_time(hw, "residual_add", table)[0]
     kernels += (3 if mixed else 1) * kernel_time(hw, "copy", model.num_params / mp)[0]
     # a recomputed forward dispatches its ops again: about a third of a layer's (forward + backward)
     ops = hw.ops_per_layer * model.layers * (4 / 3 if recompute else 1) + hw.ops_fixed

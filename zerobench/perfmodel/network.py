@@ -12,7 +12,8 @@ rings across nodes, each on 1/k of the data at one GPU's share; one with a singl
 
 Volumes (paper §5, §7, paper.md §1.4): DP 2Ψ for stages 0–2 (all-reduce, or reduce-scatter +
 all-gather), 3Ψ for stage 3; Megatron MP 6 all-reduces of b·s·h per layer with checkpointing
-(2 forward, 2 recompute, 2 backward; 4 without); P_a one all-gather of b·s·h per layer; P_a+cpu
+(2 forward, 2 recompute, 2 backward; 4 without), 2 more per micro-batch at the embedding and the
+logits, and the vocab-parallel loss's 3 small ones; P_a one all-gather of b·s·h per layer; P_a+cpu
 the partitioned checkpoint to host and back.
 
 Overlap rule (stated once): with `Calibration.overlap_grad_reduce` off (the default: Megatron-LM
@@ -69,17 +70,20 @@ class Ring:
 
 @dataclass(frozen=True)
 class Measured:
-    """A group on a measured profile: each op's time is the fitted α + ring volume / bandwidth of
-    `zerobench calibrate` (its fits per op at this group size, or the nearest size measured)."""
+    """A group on a measured profile (`zerobench calibrate`, at this group size or the nearest
+    measured): each call takes what the measured curve gives at its per-rank ring volume,
+    interpolated log-log between the measured messages, the smallest one's time below them and
+    the fitted bandwidth beyond them. On this CPU the α–β line through them was 2x short at
+    512 KiB, an MP all-reduce's size (1.8 ms measured, 0.9 ms on the line)."""
 
     size: int
     fits: dict  # op -> (α s, bytes/s of per-rank ring volume)
+    curves: dict  # op -> ((per-rank ring volume bytes, seconds), ...) ascending
 
     def _time(self, op: str, factor: float, nbytes: float, calls: int) -> float:
         if self.size == 1:
             return 0.0
-        alpha, bw = self.fits[op]
-        return calls * alpha + factor * nbytes / bw
+        return calls * _along(self.curves[op], factor * nbytes / calls, self.fits[op][1])
 
     def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
         return self._time("reduce_scatter", (self.size - 1) / self.size, nbytes, calls)
@@ -89,6 +93,16 @@ class Measured:
 
     def all_reduce(self, nbytes: float, calls: int = 1) -> float:
         return self._time("all_reduce", 2 * (self.size - 1) / self.size, nbytes, calls)
+
+
+def _along(points: tuple, volume: float, bw: float) -> float:
+    """Seconds of one call of `volume` bytes on a measured curve (see Measured)."""
+    if volume <= points[0][0]:
+        return points[0][1]
+    for (v0, t0), (v1, t1) in zip(points, points[1:], strict=False):
+        if volume <= v1:
+            return t0 * (t1 / t0) ** (math.log(volume / v0) / math.log(v1 / v0))
+    return points[-1][1] + (volume - points[-1][0]) / bw
 
 
 def placement(size: int, stride: int, gpus_per_node: int) -> tuple[int, int]:
@@ -103,7 +117,9 @@ def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring 
     if hw.collectives:
         sizes = {row[1] for row in hw.collectives}
         nearest = min(sizes, key=lambda n: (abs(n - size), n))
-        return Measured(size, {op: (alpha, bw) for op, n, alpha, bw in hw.collectives if n == nearest})
+        curves = {op: tuple(sorted((v, t) for o, n, v, t in hw.collective_table if (o, n) == (op, nearest)))
+                  for op, *_ in hw.collectives}  # fmt: skip
+        return Measured(size, {op: (alpha, bw) for op, n, alpha, bw in hw.collectives if n == nearest}, curves)
     per_node, nodes = placement(size, stride, hw.gpus_per_node)
     return Ring(per_node, nodes, hw.intra_bw * cal.nvlink_efficiency, hw.ib_share_per_gpu * cal.ib_efficiency,
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
@@ -125,7 +141,11 @@ def mp_comm_time(
     """(MP collective seconds, host-copy seconds) for one micro-batch on one GPU."""
     msg = micro_batch * seq * hidden * act_bytes  # one b·s·h activation
     group = ring(mp, 1, hw, cal)
-    t = layers * (6 if recompute else 4) * group.all_reduce(msg)
+    # per layer 4 (2 forward, 2 backward; 2 more to recompute); the vocab-parallel embedding's
+    # forward and the logits' input gradient 2 more; the vocab-parallel loss 3 of b·s fp32 (max,
+    # target logit, sum of exponentials: Megatron's and parallel/tensor_parallel.py's)
+    t = (layers * (6 if recompute else 4) + 2) * group.all_reduce(msg) if mp > 1 else 0.0
+    t += 3 * group.all_reduce(micro_batch * seq * 4) if mp > 1 else 0.0
     if partition and mp > 1:
         t += layers * group.all_gather(msg)  # P_a: gather the checkpoint before recompute
     host = 2 * layers * (msg / mp) / hw.host_bw if offload else 0.0  # P_a+cpu: out and back

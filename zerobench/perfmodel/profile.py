@@ -43,6 +43,8 @@ class HardwareProfile:
     runtime_bytes: float = 0.0  # RSS a process gains by running its first steps, beyond its tensors (CPU)
     concurrency_slowdown: float = 1.0  # a CPU core's kernels, slower x while the other ranks' run too
     collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
+    # ((op, group size, per-rank ring volume bytes, seconds), ...): each collective's measured curve
+    collective_table: tuple = ()
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
     # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).

@@ -35,7 +35,7 @@ _MEASURED = (
     "concurrency_slowdown",
 )
 KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "vocab_cross_entropy", "softmax", "attention",
-           "copy")  # fmt: skip
+           "copy", "embedding")  # fmt: skip
 
 
 def profile_dir() -> Path:
@@ -55,6 +55,7 @@ def to_dict(profile: HardwareProfile) -> dict:
     d = dataclasses.asdict(profile)
     d["gemm_table"] = [list(row) for row in profile.gemm_table]
     d["collectives"] = [list(row) for row in profile.collectives]
+    d["collective_table"] = [list(row) for row in profile.collective_table]
     d["kernel_table"] = [list(row) for row in profile.kernel_table]
     return d
 
@@ -103,6 +104,12 @@ def _collective_row(where: str, row) -> list:
     return [op, size, _number(f"{where}.alpha_s", alpha, positive=False), _number(f"{where}.bytes_per_s", bw)]
 
 
+def _curve_row(where: str, row) -> list:
+    op, size, volume, seconds = row
+    _collective_row(where, [op, size, 0.0, 1.0])
+    return [op, size, _number(f"{where}.volume_bytes", volume), _number(f"{where}.seconds", seconds)]
+
+
 def from_dict(d: dict) -> HardwareProfile:
     """A validated profile; ConfigError names the first field that is missing or wrong."""
     if not isinstance(d, dict):
@@ -136,6 +143,11 @@ def from_dict(d: dict) -> HardwareProfile:
             raise ConfigError(f"{name}={d[name]!r}: must be true or false")
     v["gemm_table"] = _rows("gemm_table", d.get("gemm_table", []), 5, _gemm_row)
     v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
+    v["collective_table"] = _rows("collective_table", d.get("collective_table", []), 4, _curve_row)
+    timed = {(row[0], row[1]) for row in v["collective_table"]}
+    for op, size, *_ in v["collectives"]:
+        if (op, size) not in timed:
+            raise ConfigError(f"collective_table: no row of {op} over {size} ranks; its measured curve is read")
     v["kernel_table"] = _rows("kernel_table", d.get("kernel_table", []), 4, _kernel_row)
     if d.get("measured"):
         if not v["gemm_table"]:
