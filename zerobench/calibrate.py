@@ -10,7 +10,8 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
 - collectives: all-reduce, reduce-scatter and all-gather through zerobench/comms.py in spawned
   gloo (CPU) or NCCL (GPU) worlds of each group size, fitted as α + ring volume / bandwidth;
 - host↔device copies (GPU only): pinned copies, bytes/s;
-- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial);
+- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial),
+  and what it gains more with activation checkpointing;
 - concurrency (CPU only): the step's kernels on one core, alone and with every rank running.
 Every benchmark prints one progress line. About a minute on two CPU cores.
 """
@@ -91,27 +92,35 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
     dist.destroy_process_group()
 
 
-def runtime_bytes(log) -> float:
-    """RSS a fresh process gains by running a tiny model's first steps (`zerobench run`, one
-    rank) beyond the tensors the engine holds at its peak (perfmodel/engine_memory.py): code
-    paged in, thread pools, the allocator's own. Measured under the allocator this process runs
-    with (LD_PRELOAD), as the workflow's trials are."""
+def runtime_bytes(log) -> tuple[float, float]:
+    """(runtime, checkpointing's runtime): RSS a fresh process gains by running a tiny model's
+    first steps (`zerobench run`, one rank) beyond the tensors the engine holds at its peak
+    (perfmodel/engine_memory.py): code paged in, thread pools, the allocator's own; and what the
+    same run gains more with activation checkpointing, whose recomputation calls autograd's
+    backward inside backward (on this CPU 34 MiB more for the tiny model, 22-43 MiB at cpu-10m,
+    none of it tensors). Measured under the allocator this process runs with (LD_PRELOAD), as
+    the workflow's trials are."""
     from zerobench import allocator
     from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
     from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 
-    model, precision = preset("tiny"), PrecisionConfig("fp32", "cpu")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "tiny.json")
-        cmd = [sys.executable, "-m", "zerobench.cli", "run", "--model", model.name, "--precision", "fp32",
-               "--micro-batch", str(TrainConfig().micro_batch), "--steps", "2", "--warmup", "1", "--out", out,
-               "--allocator", allocator.in_use()]  # fmt: skip
-        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        growth = json.loads(Path(out).read_text())["rss_growth_bytes"]
-    peak = engine_peak(model, ParallelConfig(), precision, TrainConfig().micro_batch, PROFILES["v100-32gb-dgx2"])
-    runtime = max(0.0, growth - tensor_peak(peak))
-    log(f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors ({growth / 2**20:.1f} MiB grown, tiny model)")
-    return runtime
+    model, precision, b = preset("tiny"), PrecisionConfig("fp32", "cpu"), TrainConfig().micro_batch
+    beyond = []
+    for ckpt in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "tiny.json")
+            cmd = [sys.executable, "-m", "zerobench.cli", "run", "--model", model.name, "--precision", "fp32",
+                   "--micro-batch", str(b), "--steps", "2", "--warmup", "1", "--out", out,
+                   "--allocator", allocator.in_use(), *(["--checkpoint-activations"] if ckpt else [])]  # fmt: skip
+            subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            growth = json.loads(Path(out).read_text())["rss_growth_bytes"]
+        peak = engine_peak(model, ParallelConfig(checkpoint_activations=ckpt), precision, b,
+                           PROFILES["v100-32gb-dgx2"])  # fmt: skip
+        beyond.append(max(0.0, growth - tensor_peak(peak)))
+    runtime, ckpt = beyond[0], max(0.0, beyond[1] - beyond[0])
+    log(f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors (tiny model), "
+        f"{ckpt / 2**20:.1f} MiB more with activation checkpointing")  # fmt: skip
+    return runtime, ckpt
 
 
 def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -154,7 +163,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     kernels = kernel_table(device, dtype, log)
     adam, clip = optimizer_seconds(device, log)
     per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
-    runtime = runtime_bytes(log) if device == "cpu" else 0.0  # a GPU's memory model is the paper's
+    runtime, ckpt_runtime = runtime_bytes(log) if device == "cpu" else (0.0, 0.0)  # a GPU's is the paper's
     # CPU ranks share a host's memory bandwidth and cache (a GPU per rank shares nothing)
     ranks = min(max(group_sizes), os.cpu_count() or 1)
     slowdown = concurrency_slowdown(ranks, log) if device == "cpu" and ranks > 1 else 1.0
@@ -185,7 +194,8 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
         nics_per_node=1, host_bw=host, intra_latency=alpha, inter_latency=alpha, measured=True,
         gemm_table=tuple(map(tuple, gemm)), kernel_table=tuple(map(tuple, kernels)),
         adam_s_per_param=adam, clip_s_per_param=clip, op_overhead_s=per_op, ops_per_layer=ops_per_layer,
-        ops_fixed=ops_fixed, runtime_bytes=runtime, concurrency_slowdown=slowdown,
+        ops_fixed=ops_fixed, runtime_bytes=runtime, checkpoint_runtime_bytes=ckpt_runtime,
+        concurrency_slowdown=slowdown,
         collectives=tuple(map(tuple, coll)), collective_table=tuple(map(tuple, curve)),
         ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip

@@ -266,7 +266,7 @@ def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
         start.wait()
 
 
-def concurrency_slowdown(ranks: int, log, reps: int = 30, rounds: int = 5) -> float:
+def concurrency_slowdown(ranks: int, log, reps: int = 60, rounds: int = 7) -> float:
     """How much slower the step's kernels run on one core while `ranks` processes run them at once
     (one per core: they share the memory bandwidth and the last-level cache) than alone: the
     median over `rounds` of (mean time together) / (time alone, just before)."""

@@ -27,7 +27,7 @@ CPU = HardwareProfile(
     measured=True, gemm_table=((64, 64, 64, FWD, BWD), (1024, 1024, 1024, FWD, BWD)),
     kernel_table=tuple((k, n, CF * n, CB * n) for k in KERNELS for n in (1e3, 1e8)),
     adam_s_per_param=5e-9, clip_s_per_param=1e-9, op_overhead_s=4e-6, ops_per_layer=100, ops_fixed=30,
-    runtime_bytes=16 * 2**20, concurrency_slowdown=1.25,
+    runtime_bytes=16 * 2**20, checkpoint_runtime_bytes=32 * 2**20, concurrency_slowdown=1.25,
     collectives=COLLECTIVES,  # measured curves on the α–β lines, HALF among their points
     collective_table=tuple((op, n, v, a + v / bw) for op, n, a, bw in COLLECTIVES for v in (1e3, HALF, 1e9)),
     ranks_share_compute=True, reserve_bytes=0.0,
@@ -72,6 +72,7 @@ def test_profile_found_by_name(tmp_path, monkeypatch):
         (lambda p: p.update(kernel_table=[["conv", 1e3, 1e-6, 0.0]]), r"kernel_table\[0\]\.kernel"),
         (lambda p: p.update(kernel_table=p["kernel_table"][2:]), "kernel_table: no row of kernel 'layernorm'"),
         (lambda p: p.pop("runtime_bytes"), "runtime_bytes"),
+        (lambda p: p.update(checkpoint_runtime_bytes=-1.0), "checkpoint_runtime_bytes"),
         (lambda p: p.update(ops_per_layer=1.5), "ops_per_layer"),
         (lambda p: p.update(concurrency_slowdown=0.5), "concurrency_slowdown"),
         (lambda p: p.update(collectives=[["broadcast", 2, 0.0, 1e9]]), r"collectives\[0\]\.op"),

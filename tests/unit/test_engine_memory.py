@@ -42,6 +42,9 @@ def test_engine_peak_matches_the_traced_peak(precision, micro_batch, parallel):
 
 
 def test_runtime_bytes_are_added_once():
-    hw = dataclasses.replace(PROFILES["v100-32gb-dgx2"], runtime_bytes=20 * 2**20)
+    hw = dataclasses.replace(PROFILES["v100-32gb-dgx2"], runtime_bytes=20 * 2**20, checkpoint_runtime_bytes=30 * 2**20)
     peak = engine_peak(MODEL, ParallelConfig(), PrecisionConfig("fp32", "cpu"), 1, hw)
     assert peak["runtime"] == 20 * 2**20 and tensor_peak(peak) == tensor_peak({**peak, "runtime": 0.0})
+    # checkpointing's own runtime (reentrant backward) only where it is switched on
+    ckpt = engine_peak(MODEL, ParallelConfig(checkpoint_activations=True), PrecisionConfig("fp32", "cpu"), 1, hw)
+    assert ckpt["runtime"] == 50 * 2**20

@@ -41,6 +41,7 @@ class HardwareProfile:
     ops_per_layer: int = 0  # ops one layer's forward + backward dispatches (counted on the model)
     ops_fixed: int = 0  # ops of the embedding, final norm and loss, forward + backward
     runtime_bytes: float = 0.0  # RSS a process gains by running its first steps, beyond its tensors (CPU)
+    checkpoint_runtime_bytes: float = 0.0  # and more with activation checkpointing (reentrant backward; CPU)
     concurrency_slowdown: float = 1.0  # a CPU core's kernels, slower x while the other ranks' run too
     collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
     # ((op, group size, per-rank ring volume bytes, seconds), ...): each collective's measured curve

@@ -32,6 +32,7 @@ _MEASURED = (
     "ops_per_layer",
     "ops_fixed",
     "runtime_bytes",
+    "checkpoint_runtime_bytes",
     "concurrency_slowdown",
 )
 KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "vocab_cross_entropy", "softmax", "attention",
@@ -155,8 +156,11 @@ def from_dict(d: dict) -> HardwareProfile:
         missing = sorted(set(KERNELS) - {row[0] for row in v["kernel_table"]})
         if missing:
             raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times {KERNELS}")
-        for name in ("adam_s_per_param", "clip_s_per_param", "op_overhead_s", "runtime_bytes"):
+        for name in ("adam_s_per_param", "clip_s_per_param", "op_overhead_s", "runtime_bytes",
+                     "checkpoint_runtime_bytes"):  # fmt: skip
             v[name] = _number(name, d[name], positive=name == "adam_s_per_param")
+            if v[name] < 0:
+                raise ConfigError(f"{name}={d[name]!r}: must be >= 0")
         if _number("concurrency_slowdown", d["concurrency_slowdown"]) < 1:
             raise ConfigError(f"concurrency_slowdown={d['concurrency_slowdown']!r}: must be >= 1")
         for name in ("ops_per_layer", "ops_fixed"):
