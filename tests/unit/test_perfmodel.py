@@ -243,12 +243,19 @@ def test_stage3_regathers_every_micro_batch_one_collective_per_module():
     ring = network.Ring(per_node=4, nodes=1, intra_bw=100e9, inter_bw=5e9, intra_latency=5e-6, inter_latency=1e-5)
     # three collectives of the same total bytes pay three times the three ring steps' latency
     assert ring.all_gather(1e9, calls=3) - ring.all_gather(1e9) == pytest.approx(2 * 3 * 5e-6)
-    # a model of 4 layers owns 6 x 4 + 2 parameter modules (zero/stage3.py)
-    assert network.stage3_modules(4) == 26
-    one, _ = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, DEFAULT, micro_batches=1, modules=26)
-    four, _ = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=26)
+    # a model of 4 layers owns 6 x 4 + 2 parameter modules (zero/stage3.py), all its parameters
+    model = PRESETS["cpu-10m"]
+    modules = network.stage3_modules(model)
+    assert len(modules) == 26 == 6 * model.layers + 2 and sum(modules) == model.num_params
+    psi = sum(modules)
+    one, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT, micro_batches=1, modules=modules)
+    four, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=modules)
     assert four == pytest.approx(4 * one)  # 3mΨ: nothing is kept between micro-batches
-    two, _ = network.dp_comm_times(1e9, 2, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=26)
+    # on a ring (bytes over bandwidth plus latency per call) the split only adds the calls' latency
+    whole, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT)
+    latency = network.ring(25, 16, V100, DEFAULT).all_gather(0.0)
+    assert one - whole == pytest.approx(3 * 25 * latency)
+    two, _ = network.dp_comm_times(psi, 2, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=modules)
     assert two < one  # stage 2 reduces once per step, whatever the accumulation
 
 

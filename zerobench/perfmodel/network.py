@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zerobench.config import ModelConfig
 from zerobench.perfmodel.calibration import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
 
@@ -152,20 +153,25 @@ def mp_comm_time(
     return t, host  # fmt: skip
 
 
-def stage3_modules(layers: int) -> int:
-    """Collectives per pass of stage 3: one per module that owns parameters (zero/stage3.py; as
-    DeepSpeed's stage 3 fetches per submodule): per layer two layernorms, qkv, proj, fc1 and fc2,
-    plus the token and position embeddings."""
-    return 6 * layers + 2
+def stage3_modules(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
+    """Parameters of each module that owns some, on one MP rank: stage 3 gathers and reduces one
+    bucket per such module (zero/stage3.py; DeepSpeed's stage 3 fetches per submodule too). Per
+    layer two layernorms, qkv, proj, fc1 and fc2 (column-parallel biases split, row-parallel not),
+    then the root's token and position embeddings and the final layernorm: 6L + 2 messages from
+    a few KiB (a layernorm) to the embedding's V·h/mp."""
+    h, v = model.hidden, -(-model.vocab // mp)
+    layer = (2 * h, (3 * h * h + 3 * h) / mp, h * h / mp + h, 2 * h, (4 * h * h + 4 * h) / mp, 4 * h * h / mp + h)
+    return layer * model.layers + ((v + model.seq) * h, 2 * h)
 
 
 def dp_comm_times(
     params_per_rank: float, stage: int, dp: int, mp: int, grad_bytes: int, hw: HardwareProfile, cal: Calibration,
-    micro_batches: int = 1, modules: int = 1,
+    micro_batches: int = 1, modules: tuple[float, ...] = (),
 ) -> tuple[float, float]:  # fmt: skip
     """(overlappable gradient-reduction seconds, exposed seconds) of one step's DP traffic. Stage 3
-    gathers parameters and reduce-scatters gradients in every micro-batch (3mΨ, zero/stage3.py),
-    one collective per module each time."""
+    gathers parameters and reduces gradients in every micro-batch (3mΨ, zero/stage3.py), one
+    collective per module each time, each of that module's own bytes (`modules`: parameters per
+    module, from `stage3_modules`; one message of all of them if empty)."""
     group = ring(dp, mp, hw, cal)
     msg = params_per_rank * grad_bytes  # Ψ' in the 16-bit (or fp32) storage dtype
     if stage == 0:
@@ -174,5 +180,6 @@ def dp_comm_times(
         return group.all_reduce(msg), group.all_gather(msg)
     if stage in (1, 2):
         return group.reduce_scatter(msg), group.all_gather(msg)
-    m, calls = micro_batches, modules * micro_batches
-    return group.reduce_scatter(m * msg, calls) + 2 * group.all_gather(m * msg, calls), 0.0  # stage 3: 3mΨ
+    m = micro_batches
+    sizes = [n * grad_bytes for n in modules] or [msg]  # stage 3: 3mΨ, module by module
+    return sum(group.reduce_scatter(m * s, m) + 2 * group.all_gather(m * s, m) for s in sizes), 0.0

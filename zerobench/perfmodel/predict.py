@@ -100,7 +100,7 @@ def predict(
     )  # fmt: skip
     psi = model.num_params / mp
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga,
-                                                network.stage3_modules(model.layers))  # fmt: skip
+                                                network.stage3_modules(model, mp))  # fmt: skip
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
