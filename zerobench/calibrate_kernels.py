@@ -39,7 +39,7 @@ from zerobench.parallel.topology import Group
 # cap are skipped (saturated: the model reads their rate from the largest measured neighbours).
 GEMM_DIMS = {"cpu": (64, 256, 1024, 4096, 16384), "cuda": (256, 1024, 4096, 16384)}
 GEMM_FLOP_CAP = {"cpu": 8e9, "cuda": 2e12}
-GEMM_PASSES = 3
+GEMM_PASSES = 3  # sweeps of the linear grid and of the kernels; each row keeps its median
 # bytes a stack of linears outgrows before a copy is reused: 4x a CPU core's private L2 (2 MiB
 # here), past a GPU's L2 (50-60 MiB)
 EVICT_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
@@ -171,21 +171,29 @@ def _kernels(numel: int, device: str, dtype) -> dict:
     }
 
 
-def kernel_table(device: str, dtype: torch.dtype, log) -> list[list]:
-    """Rows (kernel, size, forward s, backward s); size in elements, attention's heads·b·s²·d."""
+def kernel_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
+    """Rows (kernel, size, forward s, backward s); size in elements, attention's heads·b·s²·d.
+    Each the median over `passes` sweeps of every size, as the linear grid."""
+    sweeps = [_kernel_sweep(device, dtype) for _ in range(passes)]
+    rows = [
+        [*row[:2], *(statistics.median(s[i][j] for s in sweeps) for j in (2, 3))] for i, row in enumerate(sweeps[0])
+    ]
+    for size in sorted({r[1] for r in rows}):
+        done = [f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows if r[1] == size]
+        log(f"kernels at size {size:.0f} (forward + backward, median of {passes}): " + ", ".join(done))
+    return rows
+
+
+def _kernel_sweep(device: str, dtype: torch.dtype) -> list[list]:
     rows = []
     for numel in KERNEL_NUMEL[device]:
-        kernels = _kernels(numel, device, dtype)
-        for name, (fn, leaves) in kernels.items():
+        for name, (fn, leaves) in _kernels(numel, device, dtype).items():
             size = leaves[0].numel() if leaves else numel
             rows.append([name, size, *forward_backward(fn, leaves, device)])
-        log(f"kernels at {numel} elements: "
-            + ", ".join(f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows[-len(kernels):]))  # fmt: skip
     for bh, s, d in ATTENTION_SHAPES[device]:
         q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))
         fn = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
         rows.append(["attention", bh * s * s * d, *forward_backward(fn, [q, k, v], device)])
-        log(f"attention {bh} heads x {s} x {d}: {(rows[-1][2] + rows[-1][3]) * 1e3:.2f} ms forward + backward")
     return rows
 
 
