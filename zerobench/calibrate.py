@@ -68,6 +68,11 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
     group = Group("calibrate", size, rank, dist.group.WORLD)
     comms, rows = Comms(), []
+    warm = torch.ones(COLLECTIVE_NUMEL[0] * size, device=device)
+    for _ in range(COLLECTIVE_REPS):  # the first calls on a new group set up its connections (ms each)
+        comms.all_reduce(warm, group)
+        comms.all_gather(warm, warm[: COLLECTIVE_NUMEL[0]], group)
+        comms.reduce_scatter(warm[: COLLECTIVE_NUMEL[0]], warm, group)
     for numel in COLLECTIVE_NUMEL:
         full = torch.ones(numel * size, device=device)
         part = torch.ones(numel, device=device)
@@ -143,6 +148,8 @@ def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[li
             measured = torch.load(out)
         for op in OPS:
             pts = [(v, t) for o, v, t in measured if o == op]
+            # a message never takes longer than a larger one: each point at most the larger ones' time
+            pts = [(v, min(u for w, u in pts if w >= v)) for v, _ in sorted(pts)]
             alpha, bw = _fit_alpha_beta(pts)
             rows.append([op, size, alpha, bw])
             curve += [[op, size, v, t] for v, t in pts]
