@@ -46,6 +46,8 @@ from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
 COLLECTIVE_REPS = 15  # a median over many: one call in a few waits ~4 ms for a wake-up on loopback
+# (seconds of compute between two syncs, rounds) of the sync-wait benchmark: about 1 s each
+SYNC_COMPUTE = ((0.002, 300), (0.02, 50), (0.2, 6))
 
 
 def host_copy_bw(log) -> float:
@@ -92,9 +94,39 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
                 times.append(time.perf_counter() - t0)
             entry = comms.ledger.entries[(op, "calibrate")]
             rows.append([op, entry.volume_bytes / entry.calls, statistics.median(times)])
+    sync = _sync_waits(comms, group, device, min(t for op, _, t in rows if op == "all_reduce"))
     if rank == 0:
-        torch.save(rows, out)
+        torch.save({"rows": rows, "sync": sync}, out)
     dist.destroy_process_group()
+
+
+def _sync_waits(comms, group, device: str, alone: float) -> list[list[float]]:
+    """Rows (seconds of compute between two synchronising collectives, seconds each rank waits at
+    the collective beyond its own time `alone`): every rank runs the same matmuls, then a one-
+    element all-reduce, as an MP rank does between its all-reduces and a DP rank before its
+    reduction. The ranks finish their equal work at different times (a shared host's cores run
+    unevenly), and the first one waits: the mean wait over ranks and rounds is what a sync adds."""
+    x, tiny = torch.randn(256, 256, device=device), torch.ones(1, device=device)
+    x @ x
+    t0 = time.perf_counter()
+    for _ in range(20):
+        x @ x
+    per = torch.tensor([(time.perf_counter() - t0) / 20], dtype=torch.float64, device=device)
+    comms.all_reduce(per, group, op=dist.ReduceOp.MAX)  # the same work on every rank
+    rows = []
+    for compute, rounds in SYNC_COMPUTE:
+        n, waits = max(1, round(compute / float(per))), []
+        dist.barrier()
+        for _ in range(rounds):
+            for _ in range(n):
+                x @ x
+            t0 = time.perf_counter()
+            comms.all_reduce(tiny, group)
+            waits.append(time.perf_counter() - t0)
+        mean = torch.tensor([statistics.mean(waits)], dtype=torch.float64, device=device)
+        comms.all_reduce(mean, group)
+        rows.append([n * float(per), max(0.0, float(mean) / group.size - alone)])
+    return rows
 
 
 def runtime_bytes(log) -> tuple[float, float]:
@@ -138,14 +170,21 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     return alpha, sum(v * v for v, _ in large) / max(sum(v * t for v, t in large), 1e-12)
 
 
-def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[list]]:
-    """(α–β rows (op, size, α, bytes/s), curve rows (op, size, per-rank ring volume, seconds))."""
-    rows, curve = [], []
+def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[list], list[list]]:
+    """(α–β rows (op, size, α, bytes/s), curve rows (op, size, per-rank ring volume, seconds),
+    sync rows (group size, compute s between syncs, wait s), see `_sync_waits`)."""
+    rows, curve, syncs = [], [], []
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             init, out = f"file://{tmp}/rendezvous", os.path.join(tmp, "rows.pt")
             mp.start_processes(_collective_worker, args=(size, init, device, out), nprocs=size, start_method="spawn")
             measured = torch.load(out)
+        syncs += [[size, *row] for row in measured["sync"]]
+        log(
+            f"sync x{size}: "
+            + ", ".join(f"{w * 1e3:.2f} ms waited after {c * 1e3:.0f} ms" for c, w in measured["sync"])
+        )
+        measured = measured["rows"]
         for op in OPS:
             pts = [(v, t) for o, v, t in measured if o == op]
             # a message never takes longer than a larger one: each point at most the larger ones' time
@@ -154,7 +193,7 @@ def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[li
             rows.append([op, size, alpha, bw])
             curve += [[op, size, v, t] for v, t in pts]
             log(f"{op} x{size}: alpha {alpha * 1e6:.0f} us, {bw / 1e9:.2f} GB/s of ring volume")
-    return rows, curve
+    return rows, curve, syncs
 
 
 def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: str | None = None, log=print):
@@ -179,7 +218,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
     stream_bw = 3 * add[1] * dtype.itemsize / add[2]
     devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
     sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
-    coll, curve = collectives(device, sizes, log)
+    coll, curve, syncs = collectives(device, sizes, log)
     if coll:
         ring_bw = max(r[3] for r in coll if r[0] == "all_reduce")
         alpha = min(r[2] for r in coll if r[0] == "all_reduce")
@@ -204,6 +243,7 @@ def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: st
         ops_fixed=ops_fixed, runtime_bytes=runtime, checkpoint_runtime_bytes=ckpt_runtime,
         concurrency_slowdown=slowdown,
         collectives=tuple(map(tuple, coll)), collective_table=tuple(map(tuple, curve)),
+        sync_table=tuple(map(tuple, syncs)),
         ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
     samples = {"torch": torch.__version__,

@@ -79,6 +79,9 @@ def test_profile_found_by_name(tmp_path, monkeypatch):
         (lambda p: p.update(collectives=[["all_reduce", 1, 0.0, 1e9]]), r"collectives\[0\]\.size"),
         (lambda p: p.update(collective_table=[]), "collective_table: no row of all_reduce over 2 ranks"),
         (lambda p: p.update(collective_table=[["all_reduce", 2, -1.0, 1e-3]]), r"collective_table\[0\]\.volume"),
+        (lambda p: p.update(sync_table=[[2, 0.0, 1e-3]]), r"sync_table\[0\]\.compute_s"),
+        (lambda p: p.update(sync_table=[[2, 0.01, -1e-3]]), "sync_table: a wait_s is negative"),
+        (lambda p: p.update(sync_table=[[1, 0.01, 1e-3]]), r"sync_table\[0\]\.size"),
         (lambda p: p.update(measured="yes"), "measured"),
         (lambda p: p.update(colour="red"), "colour"),
     ],
@@ -172,6 +175,27 @@ def test_collective_curve_is_read_between_and_beyond_its_points():
     assert group.all_reduce(1e6 + 1e5) == pytest.approx(1e-2 + 1e6 / 1e9)
     assert group.all_reduce(2e4, calls=2) == pytest.approx(2e-3)
     assert network.ring(1, 1, hw, DEFAULT).all_reduce(1e6) == 0.0
+
+
+def test_ranks_wait_for_each_other_as_measured():
+    # a sync after 2 ms of compute costs 0.4 ms, after 20 ms 2 ms, after 200 ms 16 ms: linear
+    # between the points and from nothing, proportional beyond
+    hw = dataclasses.replace(CPU, sync_table=((2, 0.002, 4e-4), (2, 0.02, 2e-3), (2, 0.2, 0.016)))
+    assert network.sync_wait(hw, 2, 0.001) == pytest.approx(2e-4)
+    assert network.sync_wait(hw, 2, 0.011) == pytest.approx(4e-4 + 1.6e-3 / 2)
+    assert network.sync_wait(hw, 2, 0.4) == pytest.approx(0.032)
+    assert network.sync_wait(hw, 1, 0.4) == 0.0 and network.sync_wait(CPU, 2, 0.4) == 0.0
+    # MP: each all-reduce; DP stages 0-2: once per step; stage 3: once per micro-batch
+    mp, dp = network.sync_waits(hw, 1, 2, 0, 20, 0.4, 2)
+    assert mp == pytest.approx(2 * 20 * network.sync_wait(hw, 2, 0.01)) and dp == 0.0
+    assert network.sync_waits(hw, 2, 1, 2, 20, 0.4, 4) == (0.0, pytest.approx(0.032))
+    assert network.sync_waits(hw, 2, 1, 3, 20, 0.4, 4) == (0.0, pytest.approx(4 * network.sync_wait(hw, 2, 0.1)))
+    # in a prediction they join the communication terms, and nothing else moves
+    train, precision = TrainConfig(micro_batch=4), PrecisionConfig("fp32", "cpu")
+    plain = predict(MODEL, ParallelConfig(dp=2, stage=1), precision, train, CPU, attention="fused")
+    waits = predict(MODEL, ParallelConfig(dp=2, stage=1), precision, train, hw, attention="fused")
+    assert waits.dp_comm_s - plain.dp_comm_s == pytest.approx(network.sync_wait(hw, 2, plain.compute_s))
+    assert waits.compute_s == plain.compute_s and waits.mp_comm_s == plain.mp_comm_s == 0.0
 
 
 def test_unknown_attention_is_refused():

@@ -126,6 +126,11 @@ def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring 
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
 
 
+def mp_all_reduces(layers: int, recompute: bool) -> int:
+    """Megatron's MP all-reduces per micro-batch (see mp_comm_time)."""
+    return layers * (6 if recompute else 4) + 2 + 3
+
+
 def mp_comm_time(
     micro_batch: int,
     seq: int,
@@ -145,7 +150,7 @@ def mp_comm_time(
     # per layer 4 (2 forward, 2 backward; 2 more to recompute); the vocab-parallel embedding's
     # forward and the logits' input gradient 2 more; the vocab-parallel loss 3 of b·s fp32 (max,
     # target logit, sum of exponentials: Megatron's and parallel/tensor_parallel.py's)
-    t = (layers * (6 if recompute else 4) + 2) * group.all_reduce(msg) if mp > 1 else 0.0
+    t = (mp_all_reduces(layers, recompute) - 3) * group.all_reduce(msg) if mp > 1 else 0.0
     t += 3 * group.all_reduce(micro_batch * seq * 4) if mp > 1 else 0.0
     if partition and mp > 1:
         t += layers * group.all_gather(msg)  # P_a: gather the checkpoint before recompute
@@ -162,6 +167,36 @@ def stage3_modules(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
     h, v = model.hidden, -(-model.vocab // mp)
     layer = (2 * h, (3 * h * h + 3 * h) / mp, h * h / mp + h, 2 * h, (4 * h * h + 4 * h) / mp, 4 * h * h / mp + h)
     return layer * model.layers + ((v + model.seq) * h, 2 * h)
+
+
+def sync_wait(hw: HardwareProfile, size: int, compute_s: float) -> float:
+    """Seconds a rank waits at a synchronising collective that follows `compute_s` of compute, on a
+    measured host (`sync_table`, nearest group size; none measured: 0): ranks given equal work
+    finish it at different times. Linear in the compute between the measured points and from
+    (0, 0); proportional beyond the largest."""
+    rows = [(n, c, w) for n, c, w in hw.sync_table]
+    if size == 1 or not rows or compute_s <= 0:
+        return 0.0
+    nearest = min({n for n, _, _ in rows}, key=lambda n: (abs(n - size), n))
+    points = [(0.0, 0.0), *sorted((c, w) for n, c, w in rows if n == nearest)]
+    for (c0, w0), (c1, w1) in zip(points, points[1:], strict=False):
+        if compute_s <= c1:
+            return w0 + (w1 - w0) * (compute_s - c0) / (c1 - c0)
+    return points[-1][1] * compute_s / points[-1][0]
+
+
+def sync_waits(hw: HardwareProfile, dp: int, mp: int, stage: int, mp_syncs: int, compute_s: float,
+               micro_batches: int) -> tuple[float, float]:  # fmt: skip
+    """(MP, DP) seconds per step that ranks wait for each other at their collectives (`sync_wait`).
+    An MP rank blocks at each of its `mp_syncs` all-reduces per micro-batch (the compute between
+    them the micro-batch's split evenly). A DP rank at stages 0-2 meets the others once per step,
+    at the gradient reduction; stage 3's gathers run ahead of use (zero/gather.py), so its ranks
+    slip apart within a micro-batch and meet when its reductions drain, once per micro-batch."""
+    per_mb = compute_s / micro_batches
+    mp_s = micro_batches * mp_syncs * sync_wait(hw, mp, per_mb / mp_syncs) if mp > 1 else 0.0
+    if stage < 3:
+        return mp_s, sync_wait(hw, dp, compute_s)
+    return mp_s, micro_batches * sync_wait(hw, dp, per_mb)
 
 
 def dp_comm_times(

@@ -1,8 +1,10 @@
 """Step time, throughput and feasibility of one configuration; the record and the planning text.
 
 Step time = compute + exposed MP communication + exposed DP communication + optimizer step + a
-fixed overhead (network.py states the overlap rule). Throughput follows the paper's convention
-(zerobench/flops.py: recomputation counted when checkpointing), per GPU.
+fixed overhead (network.py states the overlap rule). On a measured (calibrated) host the
+communication terms include the time ranks wait for each other at their collectives. Throughput
+follows the paper's convention (zerobench/flops.py: recomputation counted when checkpointing),
+per GPU.
 """
 
 from __future__ import annotations
@@ -98,9 +100,11 @@ def predict(
         b, model.seq, model.hidden, model.layers, mp, act_bytes, recompute,
         parallel.partition_activations, parallel.offload_activations, hw, cal,
     )  # fmt: skip
-    psi = model.num_params / mp
-    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga,
-                                                network.stage3_modules(model, mp))  # fmt: skip
+    psi, modules = model.num_params / mp, network.stage3_modules(model, mp)
+    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, modules)
+    # on a measured host, ranks also wait for each other at their collectives (zero elsewhere)
+    syncs = network.mp_all_reduces(model.layers, recompute)
+    mp_wait, dp_wait = network.sync_waits(hw, parallel.dp, mp, parallel.stage, syncs, comp, ga)
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
@@ -114,9 +118,9 @@ def predict(
         memory=mem,
         max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal, attention=attention),
         compute_s=comp,
-        mp_comm_s=mp_t * ga,
+        mp_comm_s=mp_t * ga + mp_wait,
         host_copy_s=host_t * ga,
-        dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s,
+        dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s + dp_wait,
         optimizer_s=compute.optimizer_time(updated, hw, cal, share, clip=train.clip_norm > 0),
         overhead_s=0.0 if hw.measured else cal.step_overhead_s,  # not measured: none assumed
         efficiency=eff,

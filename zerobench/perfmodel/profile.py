@@ -46,6 +46,8 @@ class HardwareProfile:
     collectives: tuple = ()  # ((op, group size, α s, bytes/s of per-rank ring volume), ...)
     # ((op, group size, per-rank ring volume bytes, seconds), ...): each collective's measured curve
     collective_table: tuple = ()
+    # ((group size, seconds of compute between two syncs, seconds a rank waits at the sync), ...)
+    sync_table: tuple = ()
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
     # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).

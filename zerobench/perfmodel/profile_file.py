@@ -57,6 +57,7 @@ def to_dict(profile: HardwareProfile) -> dict:
     d["gemm_table"] = [list(row) for row in profile.gemm_table]
     d["collectives"] = [list(row) for row in profile.collectives]
     d["collective_table"] = [list(row) for row in profile.collective_table]
+    d["sync_table"] = [list(row) for row in profile.sync_table]
     d["kernel_table"] = [list(row) for row in profile.kernel_table]
     return d
 
@@ -111,6 +112,12 @@ def _curve_row(where: str, row) -> list:
     return [op, size, _number(f"{where}.volume_bytes", volume), _number(f"{where}.seconds", seconds)]
 
 
+def _sync_row(where: str, row) -> list:
+    size, compute, wait = row
+    _collective_row(where, ["all_reduce", size, 0.0, 1.0])
+    return [size, _number(f"{where}.compute_s", compute), _number(f"{where}.wait_s", wait, positive=False)]
+
+
 def from_dict(d: dict) -> HardwareProfile:
     """A validated profile; ConfigError names the first field that is missing or wrong."""
     if not isinstance(d, dict):
@@ -145,6 +152,9 @@ def from_dict(d: dict) -> HardwareProfile:
     v["gemm_table"] = _rows("gemm_table", d.get("gemm_table", []), 5, _gemm_row)
     v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
     v["collective_table"] = _rows("collective_table", d.get("collective_table", []), 4, _curve_row)
+    v["sync_table"] = _rows("sync_table", d.get("sync_table", []), 3, _sync_row)
+    if any(row[2] < 0 for row in v["sync_table"]):
+        raise ConfigError("sync_table: a wait_s is negative; a rank waits 0 s or more")
     timed = {(row[0], row[1]) for row in v["collective_table"]}
     for op, size, *_ in v["collectives"]:
         if (op, size) not in timed:
