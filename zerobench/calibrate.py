@@ -46,8 +46,8 @@ from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
 COLLECTIVE_REPS = 15  # a median over many: one call in a few waits ~4 ms for a wake-up on loopback
-# (seconds of compute between two syncs, rounds) of the sync-wait benchmark: about 1 s each
-SYNC_COMPUTE = ((0.002, 300), (0.02, 50), (0.2, 6))
+# (seconds of compute between two syncs, rounds) of the sync-wait benchmark: 1-3 s each
+SYNC_COMPUTE = ((0.002, 500), (0.02, 100), (0.2, 15))
 
 
 def host_copy_bw(log) -> float:

@@ -39,7 +39,7 @@ from zerobench.parallel.topology import Group
 # cap are skipped (saturated: the model reads their rate from the largest measured neighbours).
 GEMM_DIMS = {"cpu": (64, 256, 1024, 4096, 16384), "cuda": (256, 1024, 4096, 16384)}
 GEMM_FLOP_CAP = {"cpu": 8e9, "cuda": 2e12}
-GEMM_PASSES = 3  # sweeps of the linear grid and of the kernels; each row keeps its median
+GEMM_PASSES = 5  # sweeps of the linear grid and of the kernels; each row keeps its median
 # bytes a stack of linears outgrows before a copy is reused: 4x a CPU core's private L2 (2 MiB
 # here), past a GPU's L2 (50-60 MiB)
 EVICT_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
