@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zerobench.calibrate_kernels import (
+    GEMM_PASSES,
     concurrency_slowdown,
     gemm_table,
     kernel_table,
@@ -196,17 +197,23 @@ def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[li
     return rows, curve, syncs
 
 
-def calibrate(device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: str | None = None, log=print):
-    """Run every microbenchmark on this machine; return (profile, raw samples)."""
+def calibrate(
+    device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: str | None = None, log=print,
+    passes: int = GEMM_PASSES,
+):  # fmt: skip
+    """Run every microbenchmark on this machine; return (profile, raw samples). `passes`: sweeps
+    of the linear grid and of the kernels (each row their median; 1 for a quick smoke profile)."""
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device={device!r}: must be cpu or cuda")
+    if not isinstance(passes, int) or passes < 1:
+        raise ConfigError(f"passes={passes!r}: must be an integer >= 1")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda': no CUDA device is visible")
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the engine's compute dtypes
     if device == "cpu":  # per core, as the workflow runs its ranks: one intra-op thread each (Snakefile)
         torch.set_num_threads(1)
-    gemm = gemm_table(device, dtype, log)
-    kernels = kernel_table(device, dtype, log)
+    gemm = gemm_table(device, dtype, log, passes)
+    kernels = kernel_table(device, dtype, log, passes)
     adam, clip = optimizer_seconds(device, log)
     per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
     runtime, ckpt_runtime = runtime_bytes(log) if device == "cpu" else (0.0, 0.0)  # a GPU's is the paper's
@@ -257,14 +264,14 @@ def output_path(out: str) -> Path:
     return Path(out) if out.endswith(".json") or os.sep in out else profile_dir() / f"{out}.json"
 
 
-def main(device: str, out: str, group_sizes: tuple[int, ...]) -> Path:
+def main(device: str, out: str, group_sizes: tuple[int, ...], passes: int = GEMM_PASSES) -> Path:
     path = output_path(out)
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
         print(f"[calibrate {time.perf_counter() - t0:5.1f}s] {msg}", flush=True)
 
-    profile, samples = calibrate(device, group_sizes, path.stem, log)
+    profile, samples = calibrate(device, group_sizes, path.stem, log, passes)
     save(profile, path, samples)
     log(f"wrote {path}")
     return path

@@ -146,7 +146,7 @@ def cmd_calibrate(args) -> int:
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
         raise ConfigError(f"group_sizes={args.group_sizes!r}: every group size must be >= 2")
-    calibrate(args.device, args.out, sizes)
+    calibrate(args.device, args.out, sizes, args.passes)
     return 0
 
 
@@ -243,6 +243,8 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--out", default="calibrated-cpu", help="profile JSON path, or NAME (results/profiles/NAME.json)")
     cal.add_argument("--group-sizes", default="2", help="collective group sizes to measure, comma-separated")
+    cal.add_argument("--passes", type=int, default=5,  # calibrate_kernels.GEMM_PASSES; torch not imported here
+                     help="sweeps of the linear and kernel grids, each row their median (1: quick)")  # fmt: skip
     allocator_arg(cal)
     cal.set_defaults(fn=cmd_calibrate)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
