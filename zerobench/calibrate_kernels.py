@@ -7,8 +7,9 @@ output per call), on one core (CPU) or one GPU. perfmodel/kernels.py reads the r
   (input × weightᵀ), backward two (input and weight gradients) and the bias gradient's sum.
   Timed cold, as a step runs them: a step reads each weight once in forward and once in backward
   with every other layer in between, so the weight and the saved input come from beyond the
-  core's cache. A stack of copies runs forward, then backward in reverse (on this CPU a 128-token
-  linear runs 1.1-1.7x as long with its operands cold as hot; from 512 tokens 1.04-1.2x).
+  core's cache. A stack of copies runs forward, keeping its outputs as a step keeps its
+  activations, then backward in reverse (on this CPU the forward of a linear of 128-512 tokens
+  ran 1.2-1.7x as long this way as in a loop on one copy; the backward within the noise).
 - named kernels by size: `layernorm`, `gelu` (tanh form, as the model), `residual_add`,
   `cross_entropy` (log-softmax and NLL over t × V logits; `vocab_cross_entropy`, Megatron's over
   vocab-sharded logits, parallel/tensor_parallel.py, for mp > 1), `attention` (torch's fused
