@@ -264,14 +264,15 @@ def output_path(out: str) -> Path:
     return Path(out) if out.endswith(".json") or os.sep in out else profile_dir() / f"{out}.json"
 
 
-def main(device: str, out: str, group_sizes: tuple[int, ...], passes: int = GEMM_PASSES) -> Path:
+def main(device: str, out: str, group_sizes: tuple[int, ...], passes: int | None = None) -> Path:
+    """`calibrate` into the profile file `out`; `passes` None: GEMM_PASSES."""
     path = output_path(out)
     t0 = time.perf_counter()
 
     def log(msg: str) -> None:
         print(f"[calibrate {time.perf_counter() - t0:5.1f}s] {msg}", flush=True)
 
-    profile, samples = calibrate(device, group_sizes, path.stem, log, passes)
+    profile, samples = calibrate(device, group_sizes, path.stem, log, GEMM_PASSES if passes is None else passes)
     save(profile, path, samples)
     log(f"wrote {path}")
     return path

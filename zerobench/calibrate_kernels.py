@@ -41,8 +41,7 @@ from zerobench.parallel.topology import Group
 GEMM_DIMS = {"cpu": (64, 256, 1024, 4096, 16384), "cuda": (256, 1024, 4096, 16384)}
 GEMM_FLOP_CAP = {"cpu": 8e9, "cuda": 2e12}
 GEMM_PASSES = 5  # sweeps of the linear grid and of the kernels; each row keeps its median
-# bytes a stack of linears outgrows before a copy is reused: 4x a CPU core's private L2 (2 MiB
-# here), past a GPU's L2 (50-60 MiB)
+# bytes a stack of linears outgrows: 4x a CPU core's L2 (2 MiB here), past a GPU's L2 (50-60 MiB)
 EVICT_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
 KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**27)}
 # (b·heads, s, head size) of the attention benchmark, the sizes the sheets run
@@ -87,21 +86,22 @@ def forward_backward(forward, leaves: list[torch.Tensor], device: str, min_s: fl
     return fwd, max(timed(both, device, min_s) - fwd, 0.0)
 
 
-def stacked_forward_backward(make, device: str, min_s: float = 0.02, reps: int = 3) -> tuple[float, float]:
+def stacked_forward_backward(make, device: str, min_s: float = 0.02) -> tuple[float, float]:
     """(forward s, backward s) per call of `make()`'s (forward closure, leaves), run as a step runs
     its layers: a stack of independent copies (enough that they outgrow EVICT_BYTES) through
     forward in order, then backward in reverse, so that each copy's weight and saved input were
-    evicted by the others before it is used (rotating buffers). Median over `reps` of the mean."""
+    evicted by the others before it is used (rotating buffers). The mean over `min_s` or one pass,
+    after a pass that warms up; the callers take medians over sweeps."""
     first = make()
-    nbytes = sum(t.numel() * t.element_size() for t in first[1]) + first[0]().numel() * first[1][0].element_size()
+    out = first[0]()
+    nbytes = (sum(t.numel() for t in first[1]) + out.numel()) * out.element_size()
     stack = [first] + [make() for _ in range(min(256, max(1, -(-EVICT_BYTES[device] // nbytes))))]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    grad = torch.randn_like(first[0]())
-    fwd, bwd = [], []
-    for _ in range(reps + 1):  # the first pass warms up
+    grad = torch.randn_like(out)
+    for warm in (True, False):
         f = b = 0.0
         n, t_end = 0, time.perf_counter() + min_s
-        while n == 0 or time.perf_counter() < t_end:
+        while n == 0 or (not warm and time.perf_counter() < t_end):
             t0 = time.perf_counter()
             outs = [forward() for forward, _ in stack]
             sync()
@@ -113,9 +113,7 @@ def stacked_forward_backward(make, device: str, min_s: float = 0.02, reps: int =
             for _, leaves in stack:
                 for t in leaves:
                     t.grad = None
-        fwd.append(f / n)
-        bwd.append(b / n)
-    return statistics.median(fwd[1:]), statistics.median(bwd[1:])
+    return f / n, b / n
 
 
 def _leaf(*shape, device, dtype) -> torch.Tensor:
@@ -134,7 +132,7 @@ def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) 
                    _leaf(n, device=device, dtype=dtype))  # fmt: skip
         return (lambda: F.linear(x, w, b)), [x, w, b]
 
-    samples = [[stacked_forward_backward(lambda s=s: make(*s), device, reps=1) for s in shapes] for _ in range(passes)]
+    samples = [[stacked_forward_backward(lambda s=s: make(*s), device) for s in shapes] for _ in range(passes)]
     rows = []
     for i, (m, n, k) in enumerate(shapes):
         fwd, bwd = (statistics.median(p[i][j] for p in samples) for j in (0, 1))

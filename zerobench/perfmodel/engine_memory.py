@@ -68,9 +68,8 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     # From its second micro-batch on, stage 3 gathers the next buckets ahead of use along the
     # recorded order (zero/gather.py): up to `prefetch_bytes`, at most the whole model. cpu-10m's
     # RSS at stage 3 was 12 MiB lower with 1 MiB of prefetch than with the default 50 MiB.
-    prefetch = (
-        min(parallel.prefetch_bytes, model.num_params / mp * precision.bytes_pgk[0]) if parallel.stage == 3 else 0
-    )
+    whole = model.num_params / mp * precision.bytes_pgk[0]
+    prefetch = min(parallel.prefetch_bytes, whole) if parallel.stage == 3 else 0.0
     return {
         **states,
         "activations": acts,
@@ -78,7 +77,7 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
         "recompute": recompute,
         "embedding_grads": 3 * vocab * h * FP32,
         "buckets": buckets + gathered,
-        "prefetch": float(prefetch),
+        "prefetch": prefetch,
         "runtime": hw.runtime_bytes + (hw.checkpoint_runtime_bytes if parallel.checkpoint_activations else 0.0),
     }
 
@@ -88,6 +87,5 @@ def tensor_peak(peak: dict[str, float]) -> float:
     activations and the loss's buffers), in a recomputed block, and at its end (the embedding's
     gradients, buckets). No runtime."""
     states = peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"]
-    start, recompute = peak["activations"] + peak["loss"], peak["activations"] + peak["recompute"]
-    start, recompute = start + peak["prefetch"], recompute + peak["prefetch"]
-    return states + max(start, recompute, peak["embedding_grads"] + peak["buckets"])
+    during = peak["activations"] + peak["prefetch"]  # forward's end to backward's, stage 3 gathering ahead
+    return states + max(during + peak["loss"], during + peak["recompute"], peak["embedding_grads"] + peak["buckets"])

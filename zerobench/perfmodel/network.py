@@ -78,13 +78,13 @@ class Measured:
     long at 512 KiB, an MP all-reduce's size (0.86 ms measured, 1.37 ms on the line), 44 % at 2 MiB."""
 
     size: int
-    fits: dict  # op -> (α s, bytes/s of per-rank ring volume)
+    bandwidth: dict  # op -> fitted bytes/s of per-rank ring volume
     curves: dict  # op -> ((per-rank ring volume bytes, seconds), ...) ascending
 
     def _time(self, op: str, factor: float, nbytes: float, calls: int) -> float:
         if self.size == 1:
             return 0.0
-        return calls * _along(self.curves[op], factor * nbytes / calls, self.fits[op][1])
+        return calls * _along(self.curves[op], factor * nbytes / calls, self.bandwidth[op])
 
     def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
         return self._time("reduce_scatter", (self.size - 1) / self.size, nbytes, calls)
@@ -120,15 +120,18 @@ def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring 
         nearest = min(sizes, key=lambda n: (abs(n - size), n))
         curves = {op: tuple(sorted((v, t) for o, n, v, t in hw.collective_table if (o, n) == (op, nearest)))
                   for op, *_ in hw.collectives}  # fmt: skip
-        return Measured(size, {op: (alpha, bw) for op, n, alpha, bw in hw.collectives if n == nearest}, curves)
+        return Measured(size, {op: bw for op, n, _, bw in hw.collectives if n == nearest}, curves)
     per_node, nodes = placement(size, stride, hw.gpus_per_node)
     return Ring(per_node, nodes, hw.intra_bw * cal.nvlink_efficiency, hw.ib_share_per_gpu * cal.ib_efficiency,
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
 
 
-def mp_all_reduces(layers: int, recompute: bool) -> int:
-    """Megatron's MP all-reduces per micro-batch (see mp_comm_time)."""
-    return layers * (6 if recompute else 4) + 2 + 3
+def mp_all_reduces(layers: int, recompute: bool) -> tuple[int, int]:
+    """Megatron's MP all-reduces per micro-batch: (of a b·s·h activation, of b·s fp32 values).
+    Per layer 4 (2 forward, 2 backward; 2 more to recompute), the vocab-parallel embedding's
+    forward and the logits' input gradient; the vocab-parallel loss's 3 (max, target logit, sum of
+    exponentials: Megatron's and parallel/tensor_parallel.py's)."""
+    return layers * (6 if recompute else 4) + 2, 3
 
 
 def mp_comm_time(
@@ -147,11 +150,8 @@ def mp_comm_time(
     """(MP collective seconds, host-copy seconds) for one micro-batch on one GPU."""
     msg = micro_batch * seq * hidden * act_bytes  # one b·s·h activation
     group = ring(mp, 1, hw, cal)
-    # per layer 4 (2 forward, 2 backward; 2 more to recompute); the vocab-parallel embedding's
-    # forward and the logits' input gradient 2 more; the vocab-parallel loss 3 of b·s fp32 (max,
-    # target logit, sum of exponentials: Megatron's and parallel/tensor_parallel.py's)
-    t = (mp_all_reduces(layers, recompute) - 3) * group.all_reduce(msg) if mp > 1 else 0.0
-    t += 3 * group.all_reduce(micro_batch * seq * 4) if mp > 1 else 0.0
+    activations, loss = mp_all_reduces(layers, recompute)
+    t = activations * group.all_reduce(msg) + loss * group.all_reduce(micro_batch * seq * 4)
     if partition and mp > 1:
         t += layers * group.all_gather(msg)  # P_a: gather the checkpoint before recompute
     host = 2 * layers * (msg / mp) / hw.host_bw if offload else 0.0  # P_a+cpu: out and back
@@ -174,11 +174,10 @@ def sync_wait(hw: HardwareProfile, size: int, compute_s: float) -> float:
     measured host (`sync_table`, nearest group size; none measured: 0): ranks given equal work
     finish it at different times. Linear in the compute between the measured points and from
     (0, 0); proportional beyond the largest."""
-    rows = [(n, c, w) for n, c, w in hw.sync_table]
-    if size == 1 or not rows or compute_s <= 0:
+    if size == 1 or not hw.sync_table or compute_s <= 0:
         return 0.0
-    nearest = min({n for n, _, _ in rows}, key=lambda n: (abs(n - size), n))
-    points = [(0.0, 0.0), *sorted((c, w) for n, c, w in rows if n == nearest)]
+    nearest = min({n for n, _, _ in hw.sync_table}, key=lambda n: (abs(n - size), n))
+    points = [(0.0, 0.0), *sorted((c, w) for n, c, w in hw.sync_table if n == nearest)]
     for (c0, w0), (c1, w1) in zip(points, points[1:], strict=False):
         if compute_s <= c1:
             return w0 + (w1 - w0) * (compute_s - c0) / (c1 - c0)

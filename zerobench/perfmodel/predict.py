@@ -103,7 +103,7 @@ def predict(
     psi, modules = model.num_params / mp, network.stage3_modules(model, mp)
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, modules)
     # on a measured host, ranks also wait for each other at their collectives (zero elsewhere)
-    syncs = network.mp_all_reduces(model.layers, recompute)
+    syncs = sum(network.mp_all_reduces(model.layers, recompute))
     mp_wait, dp_wait = network.sync_waits(hw, parallel.dp, mp, parallel.stage, syncs, comp, ga)
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
