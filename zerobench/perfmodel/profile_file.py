@@ -115,7 +115,9 @@ def _curve_row(where: str, row) -> list:
 def _sync_row(where: str, row) -> list:
     size, compute, wait = row
     _collective_row(where, ["all_reduce", size, 0.0, 1.0])
-    return [size, _number(f"{where}.compute_s", compute), _number(f"{where}.wait_s", wait, positive=False)]
+    if _number(f"{where}.wait_s", wait, positive=False) < 0:
+        raise ConfigError(f"{where}.wait_s={wait!r}: must be >= 0 (a rank waits no time or some)")
+    return [size, _number(f"{where}.compute_s", compute), wait]
 
 
 def from_dict(d: dict) -> HardwareProfile:
@@ -153,8 +155,6 @@ def from_dict(d: dict) -> HardwareProfile:
     v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
     v["collective_table"] = _rows("collective_table", d.get("collective_table", []), 4, _curve_row)
     v["sync_table"] = _rows("sync_table", d.get("sync_table", []), 3, _sync_row)
-    if any(row[2] < 0 for row in v["sync_table"]):
-        raise ConfigError("sync_table: a wait_s is negative; a rank waits 0 s or more")
     timed = {(row[0], row[1]) for row in v["collective_table"]}
     for op, size, *_ in v["collectives"]:
         if (op, size) not in timed:
