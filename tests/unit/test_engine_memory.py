@@ -27,6 +27,7 @@ MODEL = ModelConfig(layers=3, hidden=128, heads=4, seq=64, vocab=4096, name="mem
         ("fp32", 2, dict(dp=2, stage=2)),
         ("fp32", 2, dict(dp=2, stage=3)),
         ("fp32", 2, dict(mp=2)),
+        ("fp32", 8, dict(mp=2)),  # the vocab-parallel loss's two buffers (3 would read 16 % high)
         ("fp32", 2, dict(dp=2, stage=2, checkpoint_activations=True)),
         ("fp32", 2, dict(dp=2, stage=0, checkpoint_activations=True)),  # the loss's buffers, not a block
         ("bf16", 2, dict(dp=2, stage=1)),  # the weights' fp32 casts are saved

@@ -199,33 +199,35 @@ def vocab_parallel_embedding(idx: torch.Tensor, weight: torch.Tensor, shard: Voc
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy from vocab-sharded logits [N, V/N_m] without gathering them: the max, the
-    softmax denominator and the target logit are all-reduced (N elements each)."""
+    softmax denominator and the target logit are all-reduced (N elements each). One buffer of the
+    logits' size beside them, as Megatron's: the shifted logits, exponentiated and normalised in
+    place into the softmax that is saved, which backward turns into the gradient in place (a
+    second backward through it is refused by autograd: the saved tensor has been modified)."""
 
     @staticmethod
     def forward(ctx, logits, targets, shard: VocabShard, tp: TensorParallel):
-        cols = torch.arange(shard.start, shard.start + shard.rows, device=logits.device)
-        logits = logits.masked_fill(cols >= shard.vocab, float("-inf"))  # padded rows never win
+        if shard.start + shard.rows > shard.vocab:  # this shard holds padded rows: they never win
+            cols = torch.arange(shard.start, shard.start + shard.rows, device=logits.device)
+            logits = logits.masked_fill(cols >= shard.vocab, float("-inf"))
         peak = logits.max(dim=-1).values
         tp.comms.all_reduce(peak, tp.group, op=dist.ReduceOp.MAX)
-        logits -= peak.unsqueeze(-1)
-        exp = logits.exp()
-        denom = exp.sum(dim=-1)
-        tp.comms.all_reduce(denom, tp.group)
+        shifted = logits - peak.unsqueeze(-1)
         local_t = targets - shard.start
         mine = (local_t >= 0) & (local_t < shard.rows)
         local_t = local_t.masked_fill(~mine, 0)
-        picked = logits.gather(1, local_t.unsqueeze(1)).squeeze(1).masked_fill(~mine, 0.0)
+        picked = shifted.gather(1, local_t.unsqueeze(1)).squeeze(1).masked_fill(~mine, 0.0)
         tp.comms.all_reduce(picked, tp.group)
-        exp /= denom.unsqueeze(-1)  # now the softmax
-        ctx.save_for_backward(exp, local_t, mine)
+        softmax = shifted.exp_()
+        denom = softmax.sum(dim=-1)
+        tp.comms.all_reduce(denom, tp.group)
+        softmax /= denom.unsqueeze(-1)
+        ctx.save_for_backward(softmax, local_t, mine)
         return (denom.log() - picked).mean()
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, local_t, mine = ctx.saved_tensors
-        g = softmax.clone()
-        rows = torch.arange(g.shape[0], device=g.device)
-        g[rows, local_t] -= mine.to(g.dtype)
+        g, local_t, mine = ctx.saved_tensors  # the softmax, made the gradient in place
+        g[torch.arange(g.shape[0], device=g.device), local_t] -= mine.to(g.dtype)
         g *= grad / g.shape[0]
         return g, None, None, None
 

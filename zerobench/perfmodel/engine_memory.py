@@ -15,7 +15,8 @@ allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU c
   with P_a+cpu), and later one block recomputed with its gradients (2 × a layer's saved bytes);
 - the loss (model.py's TiedVocab): the fp32 log-softmax over b·s × V/mp logits is saved, and its
   backward holds two more such buffers (the NLL gradient and the log-softmax gradient): 3 × at
-  the start of backward, beside the activations;
+  the start of backward, beside the activations; Megatron's vocab-parallel loss (mp > 1,
+  parallel/tensor_parallel.py) holds the logits and one buffer it works in place: 2 ×;
 - the tied embedding at the end of backward, when the activations are freed: its gradient from
   the lookup, from the output layer, and their sum (3 × V/mp × h), beside stage 2's or 3's
   reduce bucket and stage 3's gathered embedding; the peak is the largest of the three moments;
@@ -73,7 +74,7 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     return {
         **states,
         "activations": acts,
-        "loss": 3 * t * vocab * FP32,
+        "loss": (3 if mp == 1 else 2) * t * vocab * FP32,
         "recompute": recompute,
         "embedding_grads": 3 * vocab * h * FP32,
         "buckets": buckets + gathered,
