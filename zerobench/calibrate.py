@@ -46,7 +46,10 @@ from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
-COLLECTIVE_REPS = 15  # a median over many: one call in a few waits ~4 ms for a wake-up on loopback
+# Calls per message size, and the time kept is their mean: a step pays every call, and on loopback
+# one call in four or so waits ~3-5 ms for a wake-up (cpu-10m mp 2: a 512 KiB all-reduce took a
+# median 1.15 ms after both ranks arrived and a mean 2.35 ms; the median had put it at 0.86 ms)
+COLLECTIVE_CALLS = 40
 # (seconds of compute between two syncs, rounds) of the sync-wait benchmark: 1-3 s each
 SYNC_COMPUTE = ((0.002, 500), (0.02, 100), (0.2, 15))
 
@@ -72,7 +75,7 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
     group = Group("calibrate", size, rank, dist.group.WORLD)
     comms, rows = Comms(), []
     warm = torch.ones(COLLECTIVE_NUMEL[0] * size, device=device)
-    for _ in range(COLLECTIVE_REPS):  # the first calls on a new group set up its connections (ms each)
+    for _ in range(COLLECTIVE_CALLS):  # the first calls on a new group set up its connections (ms each)
         comms.all_reduce(warm, group)
         comms.all_gather(warm, warm[: COLLECTIVE_NUMEL[0]], group)
         comms.reduce_scatter(warm[: COLLECTIVE_NUMEL[0]], warm, group)
@@ -89,12 +92,12 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
             comms.ledger.reset()
             dist.barrier()
             times = []
-            for _ in range(COLLECTIVE_REPS):  # a fixed count: every rank must issue the same calls
+            for _ in range(COLLECTIVE_CALLS):  # a fixed count: every rank must issue the same calls
                 t0 = time.perf_counter()
                 calls[op]()
                 times.append(time.perf_counter() - t0)
             entry = comms.ledger.entries[(op, "calibrate")]
-            rows.append([op, entry.volume_bytes / entry.calls, statistics.median(times)])
+            rows.append([op, entry.volume_bytes / entry.calls, statistics.mean(times)])
     sync = _sync_waits(comms, group, device, min(t for op, _, t in rows if op == "all_reduce"))
     if rank == 0:
         torch.save({"rows": rows, "sync": sync}, out)
