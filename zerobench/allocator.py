@@ -5,12 +5,16 @@ freed activations in its heap while its mmap threshold moves with the sizes free
 peak RSS lands 40-110 % above the most bytes its tensors hold at once (cpu-10m and cpu-100m
 trials against `zerobench trace`: 57-318 MiB more), in a way that follows the order of the
 allocations rather than the model. Under jemalloc (`oversize_threshold:0`: large tensors from the
-ordinary arenas) RSS is the tensors plus ~30 MiB (cpu-10m, micro-batch 1-8), and the steps run
-slower: 15-25 % at one rank, 0-10 % at two, on this machine, as it returns freed pages that are
-faulted in again. So a trial that checks memory against a prediction asks for jemalloc (the
-model_vs_measured sheet's memory trials); `auto` takes it when installed (Debian/Ubuntu:
-apt-get install libjemalloc2; scripts/setup.sh does as root). `zerobench run` and `calibrate`
-re-execute themselves with it preloaded, and every record says which allocator ran.
+ordinary arenas; `dirty_decay_ms:0,muzzy_decay_ms:0`: freed pages go back at once, so RSS holds
+live allocations, the CPU's counterpart of a GPU's peak allocated bytes) RSS is the tensors plus
+the runtime: with jemalloc's default 10 s decay, pages freed earlier in a step and not yet reused
+added 2-17 MiB more at cpu-10m (micro-batch 1: 139 against 123 MiB; mp 2: 112 against 105; with
+checkpointing: 212 against 195). The steps run slower: 15-25 % at one rank, 0-10 % at two, on
+this machine, as freed pages are faulted in again. So a trial that checks memory against a
+prediction asks for jemalloc (the model_vs_measured sheet's memory trials); `auto` takes it when
+installed (Debian/Ubuntu: apt-get install libjemalloc2; scripts/setup.sh does as root).
+`zerobench run` and `calibrate` re-execute themselves with it preloaded, and every record says
+which allocator ran.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ CHOICES = ("auto", "jemalloc", "system")
 # Unless set already. Not PyTorch's CPU launcher's "oversize_threshold:1,background_thread:true"
 # (torch/backends/xeon/run_cpu.py): its background purge thread takes a core from the ranks when
 # they fill the host (cpu-10m dp 2: 0.32 s per step against 0.29 s with this and 0.28-0.30 s on glibc)
-MALLOC_CONF = "oversize_threshold:0"
+MALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:0"
 _PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
           "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")  # fmt: skip
 
