@@ -63,6 +63,11 @@ def use(choice: str, argv: list[str]) -> None:
         if choice == "jemalloc":
             raise ConfigError("allocator='jemalloc': libjemalloc.so.2 not found (apt-get install libjemalloc2)")
         return
+    os.execve(sys.executable, [sys.executable, "-m", "zerobench.cli", *argv], preload_env(lib))
+
+
+def preload_env(lib: str) -> dict[str, str]:
+    """This process's environment with jemalloc (`lib`) preloaded, configured by MALLOC_CONF unless
+    the environment sets one."""
     preload = " ".join(filter(None, (lib, os.environ.get("LD_PRELOAD"))))
-    env = {"MALLOC_CONF": MALLOC_CONF, **os.environ, "LD_PRELOAD": preload}
-    os.execve(sys.executable, [sys.executable, "-m", "zerobench.cli", *argv], env)
+    return {"MALLOC_CONF": MALLOC_CONF, **os.environ, "LD_PRELOAD": preload}
