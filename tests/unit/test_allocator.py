@@ -22,6 +22,7 @@ del xs
 print(before, peak, rss())
 """
 
+
 def test_bad_choice_is_refused_naming_it():
     with pytest.raises(ConfigError, match="allocator='tcmalloc'"):
         allocator.use("tcmalloc", [])
