@@ -97,24 +97,29 @@ def _kernel_row(where: str, row) -> list:
             _number(f"{where}.backward_s", bwd, positive=False)]  # fmt: skip
 
 
-def _collective_row(where: str, row) -> list:
-    op, size, alpha, bw = row
+def _group(where: str, op: str, size) -> None:
+    """A collective's op and group size, checked (every collective row names both)."""
     if op not in OPS:
         raise ConfigError(f"{where}.op={op!r}: must be one of {OPS}")
     if not isinstance(size, int) or size < 2:
         raise ConfigError(f"{where}.size={size!r}: must be an integer >= 2")
+
+
+def _collective_row(where: str, row) -> list:
+    op, size, alpha, bw = row
+    _group(where, op, size)
     return [op, size, _number(f"{where}.alpha_s", alpha, positive=False), _number(f"{where}.bytes_per_s", bw)]
 
 
 def _curve_row(where: str, row) -> list:
     op, size, volume, seconds = row
-    _collective_row(where, [op, size, 0.0, 1.0])
+    _group(where, op, size)
     return [op, size, _number(f"{where}.volume_bytes", volume), _number(f"{where}.seconds", seconds)]
 
 
 def _sync_row(where: str, row) -> list:
     size, compute, wait = row
-    _collective_row(where, ["all_reduce", size, 0.0, 1.0])
+    _group(where, "all_reduce", size)  # the sync benchmark's collective
     if _number(f"{where}.wait_s", wait, positive=False) < 0:
         raise ConfigError(f"{where}.wait_s={wait!r}: must be >= 0 (a rank waits no time or some)")
     return [size, _number(f"{where}.compute_s", compute), wait]
