@@ -11,21 +11,20 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
   gloo (CPU) or NCCL (GPU) worlds of each group size: the mean time per message size (the curve
   the model reads), and α + ring volume / bandwidth fitted to it (beyond its largest message);
 - sync waits, in the same worlds: what a rank waits at a collective after the same compute as the
-  others (`_sync_waits`);
+  others (`_sync_waits`); and what an MP all-reduce costs inside the engine's own MP steps beyond
+  the curve (zerobench/calibrate_runs.py, CPU);
 - host↔device copies (GPU only): pinned copies, bytes/s;
-- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial),
-  and what it gains more with activation checkpointing;
+- the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial,
+  zerobench/calibrate_runs.py), and what it gains more with activation checkpointing;
 - concurrency (CPU only): the step's kernels on one core, alone and with every rank running.
-Every benchmark prints one progress line. About a minute on two CPU cores.
+Every benchmark prints one progress line. About a minute and a half on two CPU cores.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from zerobench.calibrate_kernels import (
     optimizer_seconds,
     timed,
 )
+from zerobench.calibrate_runs import MP_STEP_STEPS, mp_step_waits, runtime_bytes
 from zerobench.config import ConfigError
 from zerobench.devices import hardware_profile
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
@@ -134,38 +134,6 @@ def _sync_waits(comms, group, device: str, alone: float) -> list[list[float]]:
         comms.all_reduce(mean, group)
         rows.append([n * float(per), max(0.0, float(mean) / group.size - alone)])
     return rows
-
-
-def runtime_bytes(log) -> tuple[float, float]:
-    """(runtime, checkpointing's runtime): RSS a fresh process gains by running a tiny model's
-    first steps (`zerobench run`, one rank) beyond the tensors the engine holds at its peak
-    (perfmodel/engine_memory.py): code paged in, thread pools, the allocator's own; and what the
-    same run gains more with activation checkpointing, whose recomputation calls autograd's
-    backward inside backward (on this CPU 34 MiB more for the tiny model, 22-43 MiB at cpu-10m,
-    none of it tensors). Measured under the allocator this process runs with (the workflow's
-    calibrate: glibc; the memory trials it predicts run jemalloc, and the tiny model read the same
-    under both here: 20.3 against 20.7 MiB, 54.0 against 55.2 with checkpointing)."""
-    from zerobench import allocator
-    from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-    from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
-
-    model, precision, b = preset("tiny"), PrecisionConfig("fp32", "cpu"), TrainConfig().micro_batch
-    beyond = []
-    for ckpt in (False, True):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "tiny.json")
-            cmd = [sys.executable, "-m", "zerobench.cli", "run", "--model", model.name, "--precision", "fp32",
-                   "--micro-batch", str(b), "--steps", "2", "--warmup", "1", "--out", out,
-                   "--allocator", allocator.in_use(), *(["--checkpoint-activations"] if ckpt else [])]  # fmt: skip
-            subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-            growth = json.loads(Path(out).read_text())["rss_growth_bytes"]
-        peak = engine_peak(model, ParallelConfig(checkpoint_activations=ckpt), precision, b,
-                           PROFILES["v100-32gb-dgx2"])  # fmt: skip
-        beyond.append(max(0.0, growth - tensor_peak(peak)))
-    runtime, ckpt = beyond[0], max(0.0, beyond[1] - beyond[0])
-    log(f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors (tiny model), "
-        f"{ckpt / 2**20:.1f} MiB more with activation checkpointing")  # fmt: skip
-    return runtime, ckpt
 
 
 def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -260,6 +228,9 @@ def calibrate(
         sync_table=tuple(map(tuple, syncs)),
         ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
+    if device == "cpu" and 2 in sizes and (os.cpu_count() or 1) >= 2:  # MP 2 as the trials run it
+        waits = mp_step_waits(profile, log, MP_STEP_STEPS if passes > 1 else 4)
+        profile = dataclasses.replace(profile, mp_sync_table=tuple(map(tuple, waits)))
     samples = {"torch": torch.__version__,
                "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "gemm": gemm}  # fmt: skip

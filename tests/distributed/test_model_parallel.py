@@ -14,6 +14,7 @@ from zerobench import cli
 from zerobench.comms import Comms
 from zerobench.config import ZERO_CONFIGS, ConfigError, ParallelConfig, preset
 from zerobench.parallel import topology
+from zerobench.perfmodel import network
 from zerobench.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
@@ -154,6 +155,7 @@ def test_mp_communication_volume(mp, checkpoint):
     bs, bsh, ring = b * cfg.seq, b * cfg.seq * cfg.hidden, (mp - 1) / mp
     per_block = 6 if checkpoint else 4
     assert r["calls"]["all_reduce/mp"] == steps * (per_block * cfg.layers + 2 + 3 + 1)
+    assert r["calls"]["all_reduce/mp"] == steps * network.mp_calls_per_step(cfg.layers, checkpoint, 1)  # as modelled
     blocks = per_block * cfg.layers * 2 * bsh * ring
     assert r["volume"]["all_reduce/mp"] / steps == pytest.approx(
         blocks + 2 * 2 * bsh * ring + 3 * 2 * bs * ring + 2 * ring

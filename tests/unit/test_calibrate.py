@@ -43,6 +43,8 @@ def test_profile_round_trips(tmp_path):
     assert profile_file.load(path) == CPU
     assert json.loads(path.read_text())["samples"] == {"note": "kept"}
     assert get_profile(str(path)) == CPU  # by path ...
+    waits = dataclasses.replace(CPU, sync_table=((2, 0.02, 1e-3),), mp_sync_table=((2, 0.005, 2e-3),))
+    assert profile_file.load(profile_file.save(waits, tmp_path / "waits.json")) == waits
 
 
 def test_profile_found_by_name(tmp_path, monkeypatch):
@@ -82,6 +84,8 @@ def test_profile_found_by_name(tmp_path, monkeypatch):
         (lambda p: p.update(sync_table=[[2, 0.0, 1e-3]]), r"sync_table\[0\]\.compute_s"),
         (lambda p: p.update(sync_table=[[2, 0.01, -1e-3]]), r"sync_table\[0\]\.wait_s"),
         (lambda p: p.update(sync_table=[[1, 0.01, 1e-3]]), r"sync_table\[0\]\.size"),
+        (lambda p: p.update(mp_sync_table=[[2, 0.01, -1e-3]]), r"mp_sync_table\[0\]\.wait_s"),
+        (lambda p: p.update(mp_sync_table=[[2, 0.01]]), r"mp_sync_table\[0\]"),
         (lambda p: p.update(measured="yes"), "measured"),
         (lambda p: p.update(colour="red"), "colour"),
     ],
@@ -180,22 +184,42 @@ def test_collective_curve_is_read_between_and_beyond_its_points():
 def test_ranks_wait_for_each_other_as_measured():
     # a sync after 2 ms of compute costs 0.4 ms, after 20 ms 2 ms, after 200 ms 16 ms: linear
     # between the points and from nothing, proportional beyond
-    hw = dataclasses.replace(CPU, sync_table=((2, 0.002, 4e-4), (2, 0.02, 2e-3), (2, 0.2, 0.016)))
-    assert network.sync_wait(hw, 2, 0.001) == pytest.approx(2e-4)
-    assert network.sync_wait(hw, 2, 0.011) == pytest.approx(4e-4 + 1.6e-3 / 2)
-    assert network.sync_wait(hw, 2, 0.4) == pytest.approx(0.032)
-    assert network.sync_wait(hw, 1, 0.4) == 0.0 and network.sync_wait(CPU, 2, 0.4) == 0.0
-    # MP: each all-reduce; DP stages 0-2: once per step; stage 3: once per micro-batch
-    mp, dp = network.sync_waits(hw, 1, 2, 0, 20, 0.4, 2)
-    assert mp == pytest.approx(2 * 20 * network.sync_wait(hw, 2, 0.01)) and dp == 0.0
-    assert network.sync_waits(hw, 2, 1, 2, 20, 0.4, 4) == (0.0, pytest.approx(0.032))
-    assert network.sync_waits(hw, 2, 1, 3, 20, 0.4, 4) == (0.0, pytest.approx(4 * network.sync_wait(hw, 2, 0.1)))
+    rows = ((2, 0.002, 4e-4), (2, 0.02, 2e-3), (2, 0.2, 0.016))
+    hw = dataclasses.replace(CPU, sync_table=rows)
+    assert network.sync_wait(rows, 2, 0.001) == pytest.approx(2e-4)
+    assert network.sync_wait(rows, 2, 0.011) == pytest.approx(4e-4 + 1.6e-3 / 2)
+    assert network.sync_wait(rows, 2, 0.4) == pytest.approx(0.032)
+    assert network.sync_wait(rows, 1, 0.4) == 0.0 and network.sync_wait((), 2, 0.4) == 0.0
+    # MP: each all-reduce of the step; DP stages 0-2: once per step; stage 3: once per micro-batch
+    mp, dp = network.sync_waits(hw, 1, 2, 0, 40, 0.4, 2)
+    assert mp == pytest.approx(40 * network.sync_wait(rows, 2, 0.01)) and dp == 0.0
+    assert network.sync_waits(hw, 2, 1, 2, 40, 0.4, 4) == (0.0, pytest.approx(0.032))
+    assert network.sync_waits(hw, 2, 1, 3, 40, 0.4, 4) == (0.0, pytest.approx(4 * network.sync_wait(rows, 2, 0.1)))
     # in a prediction they join the communication terms, and nothing else moves
     train, precision = TrainConfig(micro_batch=4), PrecisionConfig("fp32", "cpu")
     plain = predict(MODEL, ParallelConfig(dp=2, stage=1), precision, train, CPU, attention="fused")
     waits = predict(MODEL, ParallelConfig(dp=2, stage=1), precision, train, hw, attention="fused")
-    assert waits.dp_comm_s - plain.dp_comm_s == pytest.approx(network.sync_wait(hw, 2, plain.compute_s))
+    assert waits.dp_comm_s - plain.dp_comm_s == pytest.approx(network.sync_wait(rows, 2, plain.compute_s))
     assert waits.compute_s == plain.compute_s and waits.mp_comm_s == plain.mp_comm_s == 0.0
+
+
+def test_mp_all_reduces_wait_what_the_engine_steps_measured():
+    # MP reads the engine's own MP steps (mp_sync_table) where they were measured, the matmul
+    # benchmark's table where not; DP keeps the matmul benchmark's
+    matmul, steps = ((2, 0.002, 4e-4), (2, 0.02, 2e-3)), ((2, 0.001, 1e-3), (2, 0.01, 3e-3))
+    train, precision = TrainConfig(micro_batch=4, grad_accum=2), PrecisionConfig("fp32", "cpu")
+    mp2 = ParallelConfig(mp=2)
+    plain = predict(MODEL, mp2, precision, train, CPU, attention="fused")
+    calls = network.mp_calls_per_step(MODEL.layers, False, 2)
+    assert calls == 2 * (4 * MODEL.layers + 2 + 3) + 1  # per micro-batch, and the gradient norm once
+    for tables, rows in (({"sync_table": matmul}, matmul), ({"sync_table": matmul, "mp_sync_table": steps}, steps)):
+        got = predict(MODEL, mp2, precision, train, dataclasses.replace(CPU, **tables), attention="fused")
+        wait = calls * network.sync_wait(rows, 2, plain.compute_s / calls)
+        assert got.mp_comm_s - plain.mp_comm_s == pytest.approx(wait) and wait > 0
+        assert got.compute_s == plain.compute_s and got.dp_comm_s == plain.dp_comm_s
+    # the gradient norm's all-reduce is on the curve: 8 bytes, the all-reduce's α
+    norm = network.ring(2, 1, CPU, DEFAULT).all_reduce(8)
+    assert norm == pytest.approx(COLLECTIVES[0][2] + 8 / COLLECTIVES[0][3], rel=0.05) and norm > 0
 
 
 def test_unknown_attention_is_refused():
@@ -295,3 +319,29 @@ def test_largest_model_under_a_budget_counts_more_than_model_states():
     above = breakdown(dataclasses.replace(model, layers=layers + 1), parallel, precision, 1, budget, DEFAULT, "fused")
     assert at.fits and not above.fits  # the boundary, found by bisection, checked one layer either side
     assert params < cap / (2 + 2 / 4 + 12 / 4)  # below the bare formula: activations and buffers count
+
+
+def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
+    # each shape's run: 10 steps of 30 ms, 20 ms of it in 14 MP all-reduces a step (tiny's 2
+    # layers: 2 x 4 + 2 + 3, and the gradient norm)
+    from zerobench import calibrate_runs
+
+    calls, ran = 14, []
+
+    def fake_run(args):
+        ran.append(args)
+        entry = {"calls": 10 * calls, "seconds": 10 * 0.02}
+        return {"steps": 10, "step_time_s": 0.03, "comm": {"all_reduce/mp": entry}}
+
+    monkeypatch.setattr(calibrate_runs, "_run", fake_run)
+    rows = calibrate_runs.mp_step_waits(CPU, lambda _: None, steps=10)
+    assert len(rows) == len(ran) == len(calibrate_runs.MP_STEP_SHAPES)
+    for (hidden, seq, b), args, (size, between, wait) in zip(calibrate_runs.MP_STEP_SHAPES, ran, rows, strict=True):
+        model = dataclasses.replace(MODEL, hidden=hidden, seq=seq, name="tiny")
+        curve = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU)
+        assert args[args.index("--hidden") + 1] == str(hidden) and args[args.index("--mp") + 1] == "2"
+        assert size == 2 and wait == pytest.approx((0.02 - curve.mp_comm_s) / calls)
+        assert between == pytest.approx((0.01 - curve.optimizer_s) / calls)
+    calls = 15  # an engine that runs another count than the model's is refused
+    with pytest.raises(RuntimeError, match="15 MP all-reduces per step; the model counts 14"):
+        calibrate_runs.mp_step_waits(CPU, lambda _: None)

@@ -126,6 +126,12 @@ def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring 
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
 
 
+def mp_calls_per_step(layers: int, recompute: bool, micro_batches: int) -> int:
+    """MP all-reduces a step runs: each micro-batch's (`mp_all_reduces`), and the gradient norm's
+    sum of squares once a step (zero/optimizer.py: each MP rank holds its own slice)."""
+    return micro_batches * sum(mp_all_reduces(layers, recompute)) + 1
+
+
 def mp_all_reduces(layers: int, recompute: bool) -> tuple[int, int]:
     """Megatron's MP all-reduces per micro-batch: (of a b·s·h activation, of b·s fp32 values).
     Per layer 4 (2 forward, 2 backward; 2 more to recompute), the vocab-parallel embedding's
@@ -169,33 +175,35 @@ def stage3_modules(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
     return layer * model.layers + ((v + model.seq) * h, 2 * h)
 
 
-def sync_wait(hw: HardwareProfile, size: int, compute_s: float) -> float:
+def sync_wait(rows: tuple, size: int, compute_s: float) -> float:
     """Seconds a rank waits at a synchronising collective that follows `compute_s` of compute, on a
-    measured host (`sync_table`, nearest group size; none measured: 0): ranks given equal work
-    finish it at different times. Linear in the compute between the measured points and from
-    (0, 0); proportional beyond the largest."""
-    if size == 1 or not hw.sync_table or compute_s <= 0:
+    measured host (`rows`: (group size, compute s, wait s), nearest group size; none: 0): ranks
+    given equal work finish it at different times. Linear in the compute between the measured
+    points and from (0, 0); proportional beyond the largest."""
+    if size == 1 or not rows or compute_s <= 0:
         return 0.0
-    nearest = min({n for n, _, _ in hw.sync_table}, key=lambda n: (abs(n - size), n))
-    points = [(0.0, 0.0), *sorted((c, w) for n, c, w in hw.sync_table if n == nearest)]
+    nearest = min({n for n, _, _ in rows}, key=lambda n: (abs(n - size), n))
+    points = [(0.0, 0.0), *sorted((c, w) for n, c, w in rows if n == nearest)]
     for (c0, w0), (c1, w1) in zip(points, points[1:], strict=False):
         if compute_s <= c1:
             return w0 + (w1 - w0) * (compute_s - c0) / (c1 - c0)
     return points[-1][1] * compute_s / points[-1][0]
 
 
-def sync_waits(hw: HardwareProfile, dp: int, mp: int, stage: int, mp_syncs: int, compute_s: float,
+def sync_waits(hw: HardwareProfile, dp: int, mp: int, stage: int, mp_calls: int, compute_s: float,
                micro_batches: int) -> tuple[float, float]:  # fmt: skip
     """(MP, DP) seconds per step that ranks wait for each other at their collectives (`sync_wait`).
-    An MP rank blocks at each of its `mp_syncs` all-reduces per micro-batch (the compute between
-    them the micro-batch's split evenly). A DP rank at stages 0-2 meets the others once per step,
-    at the gradient reduction; stage 3's gathers run ahead of use (zero/gather.py), so its ranks
-    slip apart within a micro-batch and meet when its reductions drain, once per micro-batch."""
-    per_mb = compute_s / micro_batches
-    mp_s = micro_batches * mp_syncs * sync_wait(hw, mp, per_mb / mp_syncs) if mp > 1 else 0.0
+    An MP rank blocks at each of its `mp_calls` all-reduces per step (the step's compute split
+    evenly between them), and waits what the engine's own MP steps were measured to wait
+    (`mp_sync_table`; the matmul benchmark's `sync_table` where none was). A DP rank at stages 0-2
+    meets the others once per step, at the gradient reduction; stage 3's gathers run ahead of use
+    (zero/gather.py), so its ranks slip apart within a micro-batch and meet when its reductions
+    drain, once per micro-batch."""
+    mp_rows = hw.mp_sync_table or hw.sync_table
+    mp_s = mp_calls * sync_wait(mp_rows, mp, compute_s / mp_calls) if mp > 1 else 0.0
     if stage < 3:
-        return mp_s, sync_wait(hw, dp, compute_s)
-    return mp_s, micro_batches * sync_wait(hw, dp, per_mb)
+        return mp_s, sync_wait(hw.sync_table, dp, compute_s)
+    return mp_s, micro_batches * sync_wait(hw.sync_table, dp, compute_s / micro_batches)
 
 
 def dp_comm_times(

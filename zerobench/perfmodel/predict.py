@@ -103,8 +103,9 @@ def predict(
     psi, modules = model.num_params / mp, network.stage3_modules(model, mp)
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, modules)
     # on a measured host, ranks also wait for each other at their collectives (zero elsewhere)
-    syncs = sum(network.mp_all_reduces(model.layers, recompute))
-    mp_wait, dp_wait = network.sync_waits(hw, parallel.dp, mp, parallel.stage, syncs, comp, ga)
+    mp_calls = network.mp_calls_per_step(model.layers, recompute, ga)
+    mp_wait, dp_wait = network.sync_waits(hw, parallel.dp, mp, parallel.stage, mp_calls, comp, ga)
+    norm_s = network.ring(mp, 1, hw, cal).all_reduce(8)  # the gradient norm's float64 over MP
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
@@ -118,7 +119,7 @@ def predict(
         memory=mem,
         max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal, attention=attention),
         compute_s=comp,
-        mp_comm_s=mp_t * ga + mp_wait,
+        mp_comm_s=mp_t * ga + norm_s + mp_wait,
         host_copy_s=host_t * ga,
         dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s + dp_wait,
         optimizer_s=compute.optimizer_time(updated, hw, cal, share, clip=train.clip_norm > 0),

@@ -48,6 +48,9 @@ class HardwareProfile:
     collective_table: tuple = ()
     # ((group size, seconds of compute between two syncs, seconds a rank waits at the sync), ...)
     sync_table: tuple = ()
+    # ((MP group size, seconds of compute between two MP all-reduces, seconds each takes in a
+    # training step beyond its measured curve), ...): the engine's own MP steps (calibrate_runs.py)
+    mp_sync_table: tuple = ()
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
     # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).

@@ -58,6 +58,7 @@ def to_dict(profile: HardwareProfile) -> dict:
     d["collectives"] = [list(row) for row in profile.collectives]
     d["collective_table"] = [list(row) for row in profile.collective_table]
     d["sync_table"] = [list(row) for row in profile.sync_table]
+    d["mp_sync_table"] = [list(row) for row in profile.mp_sync_table]
     d["kernel_table"] = [list(row) for row in profile.kernel_table]
     return d
 
@@ -160,6 +161,7 @@ def from_dict(d: dict) -> HardwareProfile:
     v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
     v["collective_table"] = _rows("collective_table", d.get("collective_table", []), 4, _curve_row)
     v["sync_table"] = _rows("sync_table", d.get("sync_table", []), 3, _sync_row)
+    v["mp_sync_table"] = _rows("mp_sync_table", d.get("mp_sync_table", []), 3, _sync_row)
     timed = {(row[0], row[1]) for row in v["collective_table"]}
     for op, size, *_ in v["collectives"]:
         if (op, size) not in timed:
