@@ -68,8 +68,7 @@ def mp_step_waits(profile: HardwareProfile, log, steps: int = MP_STEP_STEPS) -> 
     2026). Why is not known: no benchmark of matmuls, element-wise passes or an MLP's forward and
     backward followed by an all-reduce reproduced it (docs/perfmodel.md), so the engine's own MP
     step measures it, at shapes no judged trial has. Raises if the engine ran another number of
-    MP all-reduces
-    than the model counts (perfmodel/network.py, `mp_calls_per_step`)."""
+    MP all-reduces than the model counts (perfmodel/network.py, `mp_calls_per_step`)."""
     from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
     from zerobench.perfmodel import network, predict
 
