@@ -42,7 +42,7 @@ from zerobench.calibrate_kernels import (
     optimizer_seconds,
     timed,
 )
-from zerobench.calibrate_runs import MP_STEP_STEPS, mp_step_waits, runtime_bytes
+from zerobench.calibrate_runs import MP_STEP_ROUNDS, mp_step_waits, runtime_bytes
 from zerobench.config import ConfigError
 from zerobench.devices import hardware_profile
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
@@ -229,7 +229,7 @@ def calibrate(
         ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
     )  # fmt: skip
     if device == "cpu" and 2 in sizes and (os.cpu_count() or 1) >= 2:  # MP 2 as the trials run it
-        waits = mp_step_waits(profile, log, MP_STEP_STEPS if passes > 1 else 4)
+        waits = mp_step_waits(profile, log, MP_STEP_ROUNDS if passes > 1 else 1)
         profile = dataclasses.replace(profile, mp_sync_table=tuple(map(tuple, waits)))
     samples = {"torch": torch.__version__,
                "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,8 @@ from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 # between two all-reduces spans what cpu-sized models run: ~1, ~5 and ~11 ms here. None is the
 # shape of a trial the model is judged on.
 MP_STEP_SHAPES = ((128, 128, 2), (512, 64, 4), (1024, 32, 4))
-MP_STEP_STEPS = 20  # timed steps per micro-batch (a smoke profile: 4)
+MP_STEP_STEPS = 10  # timed steps per run
+MP_STEP_ROUNDS = 3  # runs of each shape (a smoke profile: 1)
 
 
 def _run(args: list[str]) -> dict:
@@ -60,35 +62,40 @@ def runtime_bytes(log) -> tuple[float, float]:
     return runtime, ckpt
 
 
-def mp_step_waits(profile: HardwareProfile, log, steps: int = MP_STEP_STEPS) -> list[list[float]]:
-    """Rows (MP group size 2, seconds of compute between two MP all-reduces, seconds each all-reduce
-    takes beyond `profile`'s measured curve) of the engine's own MP 2 steps, one row per shape of
-    MP_STEP_SHAPES. On this 2-core host an all-reduce inside a step costs more than the same one
-    called back to back (the curve): 0.5-1.9 ms more at 1-12 ms of compute between calls (2 Dec
-    2026). Why is not known: no benchmark of matmuls, element-wise passes or an MLP's forward and
-    backward followed by an all-reduce reproduced it (docs/perfmodel.md), so the engine's own MP
-    step measures it, at shapes no judged trial has. Raises if the engine ran another number of
-    MP all-reduces than the model counts (perfmodel/network.py, `mp_calls_per_step`)."""
+def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -> list[list[float]]:
+    """Rows (MP group size 2, seconds of compute between two MP all-reduces as `profile` models it,
+    seconds each all-reduce takes beyond `profile`'s measured curve) of the engine's own MP 2 steps,
+    one row per shape of MP_STEP_SHAPES: the median over `rounds` runs of each, the shapes taking
+    turns. On this 2-core host an all-reduce inside a step costs more than the same one called back
+    to back (the curve): 0.5-2 ms more at 1-11 ms of compute between calls (2 Dec 2026). Why is not
+    known: no benchmark of matmuls, element-wise passes or an MLP's forward and backward followed
+    by an all-reduce reproduced it (docs/perfmodel.md), so the engine's own MP step measures it, at
+    shapes no judged trial has. The host's slow spells last tens of seconds (one read 5-11 ms per
+    all-reduce where runs a few minutes later read 1.7-3.2), hence rounds in turn and medians.
+    Raises if the engine ran another number of MP all-reduces than the model counts
+    (perfmodel/network.py, `mp_calls_per_step`)."""
     from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
     from zerobench.perfmodel import network, predict
 
     curve_only = dataclasses.replace(profile, sync_table=(), mp_sync_table=())
-    rows = []
+    calls = network.mp_calls_per_step(preset("tiny").layers, False, 1)
+    shapes = []
     for hidden, seq, b in MP_STEP_SHAPES:
         model = dataclasses.replace(preset("tiny"), hidden=hidden, seq=seq)
-        args = ["--model", model.name, "--seq", str(model.seq), "--hidden", str(model.hidden), "--mp", "2",
-                "--precision", "fp32", "--micro-batch", str(b), "--steps", str(steps)]  # fmt: skip
-        record = _run(args)
-        entry = record["comm"]["all_reduce/mp"]
-        calls, measured = entry["calls"] / record["steps"], entry["seconds"] / record["steps"]
-        counted = network.mp_calls_per_step(model.layers, False, 1)
-        if calls != counted:
-            raise RuntimeError(f"the engine ran {calls:g} MP all-reduces per step; the model counts {counted}")
-        curve = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b),
-                        curve_only)  # fmt: skip
-        # the compute between two calls: the step's time outside them, less the optimizer's (as modelled)
-        between = (record["step_time_s"] - measured - curve.optimizer_s) / calls
-        rows.append([2, between, max(0.0, (measured - curve.mp_comm_s) / calls)])
-        log(f"MP step h{hidden} s{seq} b{b}: {measured / calls * 1e3:.2f} ms per all-reduce after "
-            f"{between * 1e3:.2f} ms of compute; the curve gives {curve.mp_comm_s / calls * 1e3:.2f}")  # fmt: skip
-    return rows
+        modelled = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b),
+                           curve_only)  # fmt: skip
+        shapes.append((model, b, modelled, []))
+    for i in range(rounds):
+        for model, b, modelled, per_call in shapes:
+            args = ["--model", model.name, "--seq", str(model.seq), "--hidden", str(model.hidden), "--mp", "2",
+                    "--precision", "fp32", "--micro-batch", str(b), "--steps", str(MP_STEP_STEPS)]  # fmt: skip
+            record = _run(args)
+            entry = record["comm"]["all_reduce/mp"]
+            if entry["calls"] / record["steps"] != calls:
+                ran = entry["calls"] / record["steps"]
+                raise RuntimeError(f"the engine ran {ran:g} MP all-reduces per step; the model counts {calls}")
+            per_call.append(entry["seconds"] / record["steps"] / calls)
+            log(f"MP step h{model.hidden} s{model.seq} b{b} ({i + 1}/{rounds}): {per_call[-1] * 1e3:.2f} ms per "
+                f"all-reduce; the curve gives {modelled.mp_comm_s / calls * 1e3:.2f}")  # fmt: skip
+    return [[2, modelled.compute_s / calls, max(0.0, statistics.median(per_call) - modelled.mp_comm_s / calls)]
+            for _, _, modelled, per_call in shapes]  # fmt: skip
