@@ -268,15 +268,19 @@ def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
     _step_like(1)  # warm-up (and torch imported) before anything is timed
     start.wait()
     for _ in range(rounds):
-        start.wait()  # the parent's solo run is over; all ranks go at once
-        out.put(_step_like(reps))
+        if rank == 0:
+            out.put(("alone", _step_like(reps)))
+        start.wait()  # rank 0's solo run is over; all ranks go at once
+        out.put(("together", _step_like(reps)))
         start.wait()
 
 
 def concurrency_slowdown(ranks: int, log, reps: int = 60, rounds: int = 7) -> float:
     """How much slower the step's kernels run on one core while `ranks` processes run them at once
     (one per core: they share the memory bandwidth and the last-level cache) than alone: the
-    median over `rounds` of (mean time together) / (time alone, just before)."""
+    median over `rounds` of (mean time together) / (rank 0's time alone, just before), all in
+    fresh processes (timed alone in calibrate's own, whose heap every earlier benchmark had grown,
+    the ratio read 0.72-0.89)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -284,14 +288,14 @@ def concurrency_slowdown(ranks: int, log, reps: int = 60, rounds: int = 7) -> fl
     procs = [ctx.Process(target=_concurrent_worker, args=(r, reps, rounds, start, out)) for r in range(ranks)]
     for p in procs:
         p.start()
-    _step_like(1)
-    start.wait()  # every rank started and warm: the solo runs are alone
+    start.wait()  # every rank started and warm
     ratios = []
     for _ in range(rounds):
-        alone = _step_like(reps)
-        start.wait()
-        ratios.append(statistics.mean(out.get() for _ in procs) / alone)
-        start.wait()
+        start.wait()  # rank 0 ran alone
+        start.wait()  # then every rank at once
+        times = [out.get() for _ in range(ranks + 1)]
+        alone = next(t for kind, t in times if kind == "alone")
+        ratios.append(statistics.mean(t for kind, t in times if kind == "together") / alone)
     for p in procs:
         p.join()
     factor = max(1.0, statistics.median(ratios))

@@ -30,7 +30,10 @@ def _run(args: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
         cmd = [sys.executable, "-m", "zerobench.cli", "run", "--out", out, *args]
-        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        # both pools: Snakemake sets OMP_ and MKL_NUM_THREADS to a job's threads (calibrate's: 2), and
+        # MKL's GEMMs on two threads per rank took the MP steps' all-reduces from ~2 to 4-10 ms
+        threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, **threads})
         return json.loads(Path(out).read_text())
 
 
