@@ -73,8 +73,8 @@ def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -
     to back (the curve): 0.5-2 ms more at 1-11 ms of compute between calls (2 Dec 2026). Why is not
     known: no benchmark of matmuls, element-wise passes or an MLP's forward and backward followed
     by an all-reduce reproduced it (docs/perfmodel.md), so the engine's own MP step measures it, at
-    shapes no judged trial has. The host's slow spells last tens of seconds (one read 5-11 ms per
-    all-reduce where runs a few minutes later read 1.7-3.2), hence rounds in turn and medians.
+    shapes no judged trial has. One shape's runs read 1.2-3.0 ms per all-reduce over an hour,
+    hence rounds in turn and medians.
     Raises if the engine ran another number of MP all-reduces than the model counts
     (perfmodel/network.py, `mp_calls_per_step`)."""
     from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
