@@ -17,7 +17,7 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
 - the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial,
   zerobench/calibrate_runs.py), and what it gains more with activation checkpointing;
 - concurrency (CPU only): the step's kernels on one core, alone and with every rank running.
-Every benchmark prints one progress line. About a minute and a half on two CPU cores.
+Every benchmark prints one progress line. About 4 minutes on two CPU cores (1.5 with `--passes 1`).
 """
 
 from __future__ import annotations

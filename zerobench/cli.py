@@ -243,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--out", default="calibrated-cpu", help="profile JSON path, or NAME (results/profiles/NAME.json)")
     cal.add_argument("--group-sizes", default="2", help="collective group sizes to measure, comma-separated")
-    cal.add_argument("--passes", type=int, help="sweeps of the linear and kernel grids (default 5; 1: quick)")
+    cal.add_argument("--passes", type=int, help="grid sweeps (default 5; 1: quick, one MP step round)")
     allocator_arg(cal)
     cal.set_defaults(fn=cmd_calibrate)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
