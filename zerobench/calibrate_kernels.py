@@ -2,14 +2,11 @@
 engine runs, timed as the step runs it (through autograd, forward and backward apart, a fresh
 output per call), on one core (CPU) or one GPU. perfmodel/kernels.py reads the results.
 
-- `linear`: F.linear with a bias, the engine's every GEMM (zerobench/model.py: qkv, proj, fc,
-  the tied logits without bias), over a grid of (tokens, fan-in, fan-out); forward is one GEMM
-  (input × weightᵀ), backward two (input and weight gradients) and the bias gradient's sum.
-  Timed cold, as a step runs them: a step reads each weight once in forward and once in backward
-  with every other layer in between, so the weight and the saved input come from beyond the
-  core's cache. A stack of copies runs forward, keeping its outputs as a step keeps its
-  activations, then backward in reverse (on this CPU the forward of a linear of 128-512 tokens
-  ran 1.2-1.7x as long this way as in a loop on one copy; the backward within the noise).
+- `linear`: F.linear with a bias, the engine's every GEMM (model.py: qkv, proj, fc, the tied
+  logits) over a grid of (tokens, fan-in, fan-out); forward one GEMM, backward two and a sum.
+  Timed cold, as a step runs them (each weight read once per pass, every other layer between):
+  a stack of copies forward, outputs kept, then backward in reverse (here the forward of a
+  128-512-token linear ran 1.2-1.7x as long this way as in a loop on one copy).
 - named kernels by size: `layernorm`, `gelu` (tanh form, as the model), `residual_add`,
   `cross_entropy` (log-softmax and NLL over t × V logits; `vocab_cross_entropy`, Megatron's over
   vocab-sharded logits, parallel/tensor_parallel.py, for mp > 1), `attention` (torch's fused
@@ -276,11 +273,10 @@ def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
 
 
 def concurrency_slowdown(ranks: int, log, reps: int = 60, rounds: int = 7) -> float:
-    """How much slower the step's kernels run on one core while `ranks` processes run them at once
-    (one per core: they share the memory bandwidth and the last-level cache) than alone: the
-    median over `rounds` of (mean time together) / (rank 0's time alone, just before), all in
-    fresh processes (timed alone in calibrate's own, whose heap every earlier benchmark had grown,
-    the ratio read 0.72-0.89)."""
+    """How much slower the step's kernels run on one core while `ranks` processes (one per core,
+    sharing memory bandwidth and cache) run them at once: the median over `rounds` of (mean time
+    together) / (rank 0's time alone, just before), in fresh processes (alone in calibrate's own,
+    its heap grown by every earlier benchmark, the ratio read 0.72-0.89)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")

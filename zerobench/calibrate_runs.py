@@ -94,8 +94,8 @@ def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -
                     "--precision", "fp32", "--micro-batch", str(b), "--steps", str(MP_STEP_STEPS)]  # fmt: skip
             record = _run(args)
             entry = record["comm"]["all_reduce/mp"]
-            if entry["calls"] / record["steps"] != calls:
-                ran = entry["calls"] / record["steps"]
+            ran = entry["calls"] / record["steps"]
+            if ran != calls:
                 raise RuntimeError(f"the engine ran {ran:g} MP all-reduces per step; the model counts {calls}")
             per_call.append(entry["seconds"] / record["steps"] / calls)
             log(f"MP step h{model.hidden} s{model.seq} b{b} ({i + 1}/{rounds}): {per_call[-1] * 1e3:.2f} ms per "

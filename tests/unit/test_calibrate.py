@@ -218,8 +218,9 @@ def test_mp_all_reduces_wait_what_the_engine_steps_measured():
         assert got.mp_comm_s - plain.mp_comm_s == pytest.approx(wait) and wait > 0
         assert got.compute_s == plain.compute_s and got.dp_comm_s == plain.dp_comm_s
     # the gradient norm's all-reduce is on the curve: 8 bytes, the all-reduce's α
-    norm = network.ring(2, 1, CPU, DEFAULT).all_reduce(8)
+    norm = network.mp_norm_time(2, CPU, DEFAULT)
     assert norm == pytest.approx(COLLECTIVES[0][2] + 8 / COLLECTIVES[0][3], rel=0.05) and norm > 0
+    assert network.mp_norm_time(1, CPU, DEFAULT) == 0.0
 
 
 def test_unknown_attention_is_refused():

@@ -126,10 +126,19 @@ def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring 
                 hw.intra_latency, hw.inter_latency)  # fmt: skip
 
 
+# Once a step each MP rank all-reduces its slice's sum of squares for the gradient norm
+# (zero/optimizer.py's global_grad_norm): one float64
+NORM_BYTES = 8
+
+
 def mp_calls_per_step(layers: int, recompute: bool, micro_batches: int) -> int:
-    """MP all-reduces a step runs: each micro-batch's (`mp_all_reduces`), and the gradient norm's
-    sum of squares once a step (zero/optimizer.py: each MP rank holds its own slice)."""
+    """MP all-reduces a step runs: each micro-batch's (`mp_all_reduces`) and the gradient norm's."""
     return micro_batches * sum(mp_all_reduces(layers, recompute)) + 1
+
+
+def mp_norm_time(mp: int, hw: HardwareProfile, cal: Calibration) -> float:
+    """Seconds of the gradient norm's MP all-reduce, once a step (0 without MP)."""
+    return ring(mp, 1, hw, cal).all_reduce(NORM_BYTES)
 
 
 def mp_all_reduces(layers: int, recompute: bool) -> tuple[int, int]:

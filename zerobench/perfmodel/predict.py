@@ -105,7 +105,6 @@ def predict(
     # on a measured host, ranks also wait for each other at their collectives (zero elsewhere)
     mp_calls = network.mp_calls_per_step(model.layers, recompute, ga)
     mp_wait, dp_wait = network.sync_waits(hw, parallel.dp, mp, parallel.stage, mp_calls, comp, ga)
-    norm_s = network.ring(mp, 1, hw, cal).all_reduce(8)  # the gradient norm's float64 over MP
     bwd_last = comp / ga * compute.backward_fraction(recompute)
     # What hides behind the last backward: P_g's bucketed reduce-scatter (paper §5.2) if switched on,
     # and PyTorch DDP's bucketed all-reduce (the Fig 8 baseline: stage 0 without MP), which DDP
@@ -119,7 +118,7 @@ def predict(
         memory=mem,
         max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal, attention=attention),
         compute_s=comp,
-        mp_comm_s=mp_t * ga + norm_s + mp_wait,
+        mp_comm_s=mp_t * ga + network.mp_norm_time(mp, hw, cal) + mp_wait,
         host_copy_s=host_t * ga,
         dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s + dp_wait,
         optimizer_s=compute.optimizer_time(updated, hw, cal, share, clip=train.clip_norm > 0),

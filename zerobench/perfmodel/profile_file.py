@@ -54,12 +54,8 @@ def find(name: str) -> Path | None:
 
 def to_dict(profile: HardwareProfile) -> dict:
     d = dataclasses.asdict(profile)
-    d["gemm_table"] = [list(row) for row in profile.gemm_table]
-    d["collectives"] = [list(row) for row in profile.collectives]
-    d["collective_table"] = [list(row) for row in profile.collective_table]
-    d["sync_table"] = [list(row) for row in profile.sync_table]
-    d["mp_sync_table"] = [list(row) for row in profile.mp_sync_table]
-    d["kernel_table"] = [list(row) for row in profile.kernel_table]
+    for name in ("gemm_table", "collectives", "collective_table", "sync_table", "mp_sync_table", "kernel_table"):
+        d[name] = [list(row) for row in getattr(profile, name)]  # JSON rows: lists, not tuples
     return d
 
 
