@@ -33,13 +33,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zerobench.calibrate_concurrency import concurrency_slowdown
 from zerobench.calibrate_kernels import (
     GEMM_PASSES,
-    concurrency_slowdown,
     gemm_table,
     kernel_table,
     op_overhead,
-    optimizer_seconds,
     timed,
 )
 from zerobench.calibrate_runs import MP_STEP_ROUNDS, mp_step_waits, runtime_bytes
@@ -189,7 +188,6 @@ def calibrate(
         torch.set_num_threads(1)
     gemm = gemm_table(device, dtype, log, passes)
     kernels = kernel_table(device, dtype, log, passes)
-    adam, clip = optimizer_seconds(device, log)
     per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
     runtime, ckpt_runtime = runtime_bytes(log) if device == "cpu" else (0.0, 0.0)  # a GPU's is the paper's
     # CPU ranks share a host's memory bandwidth and cache (a GPU per rank shares nothing)
@@ -221,9 +219,8 @@ def calibrate(
         hbm_bw=stream_bw, gpus_per_node=per_node, intra_bw=ring_bw, nic_bw=ring_bw,
         nics_per_node=1, host_bw=host, intra_latency=alpha, inter_latency=alpha, measured=True,
         gemm_table=tuple(map(tuple, gemm)), kernel_table=tuple(map(tuple, kernels)),
-        adam_s_per_param=adam, clip_s_per_param=clip, op_overhead_s=per_op, ops_per_layer=ops_per_layer,
-        ops_fixed=ops_fixed, runtime_bytes=runtime, checkpoint_runtime_bytes=ckpt_runtime,
-        concurrency_slowdown=slowdown,
+        op_overhead_s=per_op, ops_per_layer=ops_per_layer, ops_fixed=ops_fixed, runtime_bytes=runtime,
+        checkpoint_runtime_bytes=ckpt_runtime, concurrency_slowdown=slowdown,
         collectives=tuple(map(tuple, coll)), collective_table=tuple(map(tuple, curve)),
         sync_table=tuple(map(tuple, syncs)),
         ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,

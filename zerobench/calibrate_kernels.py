@@ -14,8 +14,8 @@ output per call), on one core (CPU) or one GPU. perfmodel/kernels.py reads the r
   materialized attention's pass, for the paper's 2020 kernel), `copy` (into an existing buffer),
   `embedding` (F.embedding's lookup and its dense weight gradient: a zeroed V·h tensor and the
   rows' scatter-add; its size is V·h).
-- the step after backward: Adam over fp32 pieces (zero/optimizer.py's ShardedAdam, fused on CPU)
-  and the global-norm clip (`global_grad_norm` + `clip_`), seconds per parameter.
+- the step after backward by the parameters a rank updates: `adam` (zero/optimizer.py's
+  ShardedAdam, fused on CPU) and `clip` (`global_grad_norm` + `clip_`); see `_optimizer_rows`.
 - per-op cost: Python, dispatcher and autograd time of an op whose arithmetic is negligible, and
   the number of such ops a layer and the rest of the model run, counted on the plain model.
 """
@@ -44,7 +44,8 @@ KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**2
 # (b·heads, s, head size) of the attention benchmark, the sizes the sheets run
 ATTENTION_SHAPES = {"cpu": ((8, 64, 32), (32, 128, 32), (48, 256, 64), (16, 512, 64)),
                     "cuda": ((64, 1024, 64), (128, 2048, 128), (64, 4096, 128))}  # fmt: skip
-OPTIMIZER_PARAMS = 2**22
+# parameters of the optimizer benchmark (16 B each: fp32 parameter, gradient and two moments)
+OPTIMIZER_NUMEL = {"cpu": tuple(2**e for e in range(20, 27)), "cuda": (2**24, 2**26, 2**28)}
 CHAIN = 64  # ops in the per-op cost benchmark
 
 
@@ -190,21 +191,30 @@ def _kernel_sweep(device: str, dtype: torch.dtype) -> list[list]:
         q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))
         fn = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
         rows.append(["attention", bh * s * s * d, *forward_backward(fn, [q, k, v], device)])
-    return rows
+    return rows + _optimizer_rows(device)
 
 
-def optimizer_seconds(device: str, log) -> tuple[float, float]:
-    """(Adam, global-norm clip) seconds per fp32 parameter, as the engine's step runs them."""
+def _optimizer_rows(device: str) -> list[list]:
+    """Rows ("adam" | "clip", parameters, seconds per step, 0.0): Adam and the clip over one fp32
+    piece of each size, in a loop. Per parameter they depend on the size: Adam read 0.76 ns at 2M
+    parameters (32 MiB of states) and 1.25-1.6 from 5M up here, and 4M, the one size timed until
+    December 2026, flipped between the two (0.73-1.58 over the calibrations). At cpu-10m's 5.3M the
+    loop read Adam 1.27-1.60 ns/param and the clip 0.52-0.77, the step under torch.profiler 1.30-1.42
+    and 0.64-0.72 in the same minutes (cache flushed before each call: 1.40-1.70 and 0.84-1.10)."""
     from zerobench.config import TrainConfig
     from zerobench.zero.optimizer import ShardedAdam, clip_, global_grad_norm
 
-    p = torch.zeros(OPTIMIZER_PARAMS, device=device)
-    g = torch.randn_like(p)
-    opt, comms = ShardedAdam([p], TrainConfig()), Comms()
-    adam = timed(lambda: opt.step([g]), device, 0.1) / OPTIMIZER_PARAMS
-    clip = timed(lambda: clip_([g], global_grad_norm([g], comms, []), 1.0), device, 0.1) / OPTIMIZER_PARAMS
-    log(f"step: Adam {adam * 1e9:.2f} ns, clip {clip * 1e9:.2f} ns per parameter")
-    return adam, clip
+    def times(n: int) -> tuple[float, float]:  # its tensors freed on return: 2^26 holds 1 GiB
+        p = torch.zeros(n, device=device)
+        g, opt, comms = torch.randn_like(p), ShardedAdam([p], TrainConfig()), Comms()
+        clip = timed(lambda: clip_([g], global_grad_norm([g], comms, []), 1.0), device)
+        return timed(lambda: opt.step([g]), device), clip
+
+    rows = []
+    for n in OPTIMIZER_NUMEL[device]:
+        adam, clip = times(n)
+        rows += [["adam", n, adam, 0.0], ["clip", n, clip, 0.0]]
+    return rows
 
 
 class _OpCount(TorchDispatchMode):
@@ -243,58 +253,3 @@ def op_overhead(device: str, log) -> tuple[float, tuple[int, int]]:
     per_layer = counts[1] - counts[0]
     log(f"ops: {per_op * 1e6:.1f} us each; {per_layer} per layer, {counts[0] - per_layer} besides")
     return per_op, (per_layer, counts[0] - per_layer)
-
-
-def _step_like(reps: int) -> float:
-    """Seconds of `reps` rounds of a step's kernel mix on one thread: a linear, GeLU and the loss,
-    forward and backward (the shapes of cpu-10m at micro-batch 4)."""
-    torch.set_num_threads(1)
-    x, w, b = _leaf(512, 256, device="cpu", dtype=torch.float32), _leaf(1024, 256, device="cpu", dtype=torch.float32), \
-        _leaf(1024, device="cpu", dtype=torch.float32)  # fmt: skip
-    logits, target = _leaf(512, 8192, device="cpu", dtype=torch.float32), torch.randint(0, 8192, (512,))
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        F.gelu(F.linear(x, w, b), approximate="tanh").sum().backward()
-        F.cross_entropy(logits, target).backward()
-        for t in (x, w, b, logits):
-            t.grad = None
-    return time.perf_counter() - t0
-
-
-def _concurrent_worker(rank: int, reps: int, rounds: int, start, out) -> None:
-    _step_like(1)  # warm-up (and torch imported) before anything is timed
-    start.wait()
-    for _ in range(rounds):
-        if rank == 0:
-            out.put(("alone", _step_like(reps)))
-        start.wait()  # rank 0's solo run is over; all ranks go at once
-        out.put(("together", _step_like(reps)))
-        start.wait()
-
-
-def concurrency_slowdown(ranks: int, log, reps: int = 60, rounds: int = 7) -> float:
-    """How much slower the step's kernels run on one core while `ranks` processes (one per core,
-    sharing memory bandwidth and cache) run them at once: the median over `rounds` of (mean time
-    together) / (rank 0's time alone, just before), in fresh processes (alone in calibrate's own,
-    its heap grown by every earlier benchmark, the ratio read 0.72-0.89)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    start, out = ctx.Barrier(ranks + 1), ctx.Queue()
-    procs = [ctx.Process(target=_concurrent_worker, args=(r, reps, rounds, start, out)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    start.wait()  # every rank started and warm
-    ratios = []
-    for _ in range(rounds):
-        start.wait()  # rank 0 ran alone
-        start.wait()  # then every rank at once
-        times = [out.get() for _ in range(ranks + 1)]
-        alone = next(t for kind, t in times if kind == "alone")
-        ratios.append(statistics.mean(t for kind, t in times if kind == "together") / alone)
-    for p in procs:
-        p.join()
-    factor = max(1.0, statistics.median(ratios))
-    log(f"concurrency: {ranks} ranks at once run the step's kernels {factor:.2f}x as long as one alone "
-        f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
-    return factor

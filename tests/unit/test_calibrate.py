@@ -11,7 +11,7 @@ import pytest
 
 from zerobench import calibrate, calibrate_kernels
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.perfmodel import DEFAULT, get_profile, network, predict, profile_file
+from zerobench.perfmodel import DEFAULT, compute, get_profile, network, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import gemm_rate, kernel_time
 from zerobench.perfmodel.profile_file import KERNELS
@@ -25,8 +25,9 @@ CPU = HardwareProfile(
     name="test-cpu", gpu="test", peak_flops=FWD, memory_bytes=8 * 2**30, hbm_bw=2e9, gpus_per_node=2,
     intra_bw=1e9, nic_bw=1e9, nics_per_node=1, host_bw=2e9, intra_latency=1e-5, inter_latency=1e-5,
     measured=True, gemm_table=((64, 64, 64, FWD, BWD), (1024, 1024, 1024, FWD, BWD)),
-    kernel_table=tuple((k, n, CF * n, CB * n) for k in KERNELS for n in (1e3, 1e8)),
-    adam_s_per_param=5e-9, clip_s_per_param=1e-9, op_overhead_s=4e-6, ops_per_layer=100, ops_fixed=30,
+    kernel_table=tuple((k, n, CF * n, CB * n) for k in KERNELS[:-2] for n in (1e3, 1e8))
+    + tuple((k, n, c * n, 0.0) for k, c in (("adam", 5e-9), ("clip", 1e-9)) for n in (1e3, 1e8)),
+    op_overhead_s=4e-6, ops_per_layer=100, ops_fixed=30,
     runtime_bytes=16 * 2**20, checkpoint_runtime_bytes=32 * 2**20, concurrency_slowdown=1.25,
     collectives=COLLECTIVES,  # measured curves on the α–β lines, HALF among their points
     collective_table=tuple((op, n, v, a + v / bw) for op, n, a, bw in COLLECTIVES for v in (1e3, HALF, 1e9)),
@@ -62,7 +63,7 @@ def test_profile_found_by_name(tmp_path, monkeypatch):
     [
         (lambda p: p.pop("peak_flops"), "peak_flops"),
         (lambda p: p.pop("gemm_table"), "gemm_table"),
-        (lambda p: p.pop("adam_s_per_param"), "adam_s_per_param"),
+        (lambda p: p.update(kernel_table=[r for r in p["kernel_table"] if r[0] != "adam"]), "no row of kernel 'adam'"),
         (lambda p: p.update(peak_flops=-1.0), "peak_flops"),
         (lambda p: p.update(hbm_bw="fast"), "hbm_bw"),
         (lambda p: p.update(gpus_per_node=0), "gpus_per_node"),
@@ -250,11 +251,23 @@ def test_linear_benchmark_on_a_tiny_grid(monkeypatch):
 
 def test_kernel_benchmark_times_every_kernel_the_model_reads(monkeypatch):
     monkeypatch.setitem(calibrate_kernels.KERNEL_NUMEL, "cpu", (2**14,))
+    monkeypatch.setitem(calibrate_kernels.OPTIMIZER_NUMEL, "cpu", (2**10, 2**12))
     monkeypatch.setitem(calibrate_kernels.ATTENTION_SHAPES, "cpu", ((2, 16, 8),))
     rows = calibrate_kernels.kernel_table("cpu", calibrate.torch.float32, lambda _: None)
     assert {r[0] for r in rows} == set(KERNELS)  # what profile_file requires of a measured profile
     assert all(r[2] > 0 and r[3] >= 0 for r in rows)
     assert [r[1] for r in rows if r[0] == "attention"] == [2 * 16 * 16 * 8]
+    assert [r[1] for r in rows if r[0] in ("adam", "clip")] == [2**10, 2**10, 2**12, 2**12]  # parameters
+
+
+def test_optimizer_is_read_at_the_parameters_a_rank_updates():
+    # Adam 1 ns/param at 1M parameters and 2 ns at 100M (a shard that outgrows the cache): 10M,
+    # halfway in log size, at 1.5 ns; the clip only when clipping; beyond the table its end rate
+    hw = dataclasses.replace(CPU, kernel_table=tuple(r for r in CPU.kernel_table if r[0] != "adam")
+                             + (("adam", 1e6, 1e-3, 0.0), ("adam", 1e8, 0.2, 0.0)))  # fmt: skip
+    assert compute.optimizer_time(1e7, hw, DEFAULT, clip=False) == pytest.approx(1.5e-9 * 1e7)
+    assert compute.optimizer_time(1e7, hw, DEFAULT) == pytest.approx(2.5e-9 * 1e7)  # + 1 ns of clip
+    assert compute.optimizer_time(1e9, hw, DEFAULT, share=2, clip=False) == pytest.approx(2 * 2e-9 * 1e9)
 
 
 def test_op_count_of_the_model():

@@ -30,7 +30,7 @@ from zerobench.config import ModelConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel.calibration import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
-from zerobench.perfmodel.kernels import layer_elementwise, measured_compute_time
+from zerobench.perfmodel.kernels import kernel_time, layer_elementwise, measured_compute_time
 
 
 def gemm_efficiency(tokens: float, width: float, cal: Calibration) -> float:
@@ -84,9 +84,10 @@ def backward_fraction(recompute: bool) -> float:
 def optimizer_time(
     params_on_gpu: float, hw: HardwareProfile, cal: Calibration, share: float = 1, clip: bool = True
 ) -> float:
-    """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once), or
-    the measured seconds per parameter of a calibrated profile, Adam and (`clip`) the
-    global-norm clip (`share` ranks split the host)."""
+    """Adam over the parameters this GPU updates: memory bound (fp32 states streamed once), or on
+    a calibrated profile Adam and (`clip`) the global-norm clip as measured at that many
+    parameters (`share` ranks split the host)."""
     if hw.measured:
-        return params_on_gpu * (hw.adam_s_per_param + (hw.clip_s_per_param if clip else 0.0)) * share
+        steps = ("adam", "clip") if clip else ("adam",)
+        return sum(kernel_time(hw, name, params_on_gpu)[0] for name in steps) * share
     return params_on_gpu * cal.adam_bytes_per_param / (hw.hbm_bw * cal.hbm_efficiency)

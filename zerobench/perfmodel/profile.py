@@ -33,10 +33,9 @@ class HardwareProfile:
     measured: bool = False  # rates are achieved rates: the model applies no efficiency to them
     # ((tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s), ...): F.linear per shape
     gemm_table: tuple = ()
-    # ((kernel, size, forward s, backward s), ...): the named kernels (calibrate_kernels.py) by size
+    # ((kernel, size, forward s, backward s), ...): the named kernels (calibrate_kernels.py) by size,
+    # the optimizer's `adam` and `clip` among them (size: parameters updated; forward: the step)
     kernel_table: tuple = ()
-    adam_s_per_param: float = 0.0  # seconds of Adam per fp32 parameter updated
-    clip_s_per_param: float = 0.0  # seconds of the global-norm clip per parameter
     op_overhead_s: float = 0.0  # seconds an op costs beside its arithmetic (forward or backward)
     ops_per_layer: int = 0  # ops one layer's forward + backward dispatches (counted on the model)
     ops_fixed: int = 0  # ops of the embedding, final norm and loss, forward + backward

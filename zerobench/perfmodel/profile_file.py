@@ -17,7 +17,7 @@ from pathlib import Path
 from zerobench.config import ConfigError
 from zerobench.perfmodel.profile import HardwareProfile
 
-FORMAT = "zerobench-hardware-profile/1"
+FORMAT = "zerobench-hardware-profile/2"  # /2: Adam and clip by size, in the kernel table
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 # Rates and sizes that must be finite and > 0 in every profile (datasheet or measured).
 _POSITIVE = ("peak_flops", "memory_bytes", "hbm_bw", "intra_bw", "nic_bw", "host_bw")
@@ -26,8 +26,6 @@ _POSITIVE = ("peak_flops", "memory_bytes", "hbm_bw", "intra_bw", "nic_bw", "host
 _MEASURED = (
     "gemm_table",
     "kernel_table",
-    "adam_s_per_param",
-    "clip_s_per_param",
     "op_overhead_s",
     "ops_per_layer",
     "ops_fixed",
@@ -36,7 +34,7 @@ _MEASURED = (
     "concurrency_slowdown",
 )
 KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "vocab_cross_entropy", "softmax", "attention",
-           "copy", "embedding")  # fmt: skip
+           "copy", "embedding", "adam", "clip")  # fmt: skip
 
 
 def profile_dir() -> Path:
@@ -169,9 +167,8 @@ def from_dict(d: dict) -> HardwareProfile:
         missing = sorted(set(KERNELS) - {row[0] for row in v["kernel_table"]})
         if missing:
             raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times {KERNELS}")
-        for name in ("adam_s_per_param", "clip_s_per_param", "op_overhead_s", "runtime_bytes",
-                     "checkpoint_runtime_bytes"):  # fmt: skip
-            v[name] = _number(name, d[name], positive=name == "adam_s_per_param")
+        for name in ("op_overhead_s", "runtime_bytes", "checkpoint_runtime_bytes"):
+            v[name] = _number(name, d[name], positive=False)
             if v[name] < 0:
                 raise ConfigError(f"{name}={d[name]!r}: must be >= 0")
         if _number("concurrency_slowdown", d["concurrency_slowdown"]) < 1:
@@ -188,7 +185,7 @@ def load(path: str | Path) -> HardwareProfile:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"hardware={str(path)!r}: cannot read the profile ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ConfigError(f"format: {str(path)!r} is not a {FORMAT} file")
+        raise ConfigError(f"format: {str(path)!r} is not a {FORMAT} file (run `zerobench calibrate` to write one)")
     if "profile" not in doc:
         raise ConfigError(f"profile: missing from {str(path)!r}")
     return from_dict(doc["profile"])
