@@ -45,7 +45,9 @@ KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**2
 ATTENTION_SHAPES = {"cpu": ((8, 64, 32), (32, 128, 32), (48, 256, 64), (16, 512, 64)),
                     "cuda": ((64, 1024, 64), (128, 2048, 128), (64, 4096, 128))}  # fmt: skip
 # parameters of the optimizer benchmark (16 B each: fp32 parameter, gradient and two moments)
-OPTIMIZER_NUMEL = {"cpu": tuple(2**e for e in range(20, 27)), "cuda": (2**24, 2**26, 2**28)}
+# (CPU: half-octaves where a shard outgrows the cache here, between 2M and 8M parameters)
+OPTIMIZER_NUMEL = {"cpu": tuple(int(2 ** (e / 2)) for e in range(40, 47)) + (2**24, 2**25, 2**26),
+                   "cuda": (2**24, 2**26, 2**28)}  # fmt: skip
 CHAIN = 64  # ops in the per-op cost benchmark
 
 
@@ -64,24 +66,6 @@ def timed(fn, device: str, min_s: float = 0.05, reps: int = 3) -> float:
                 break
         samples.append(elapsed / n)
     return statistics.median(samples)
-
-
-def forward_backward(forward, leaves: list[torch.Tensor], device: str, min_s: float = 0.02) -> tuple[float, float]:
-    """(forward seconds, backward seconds) of `forward()` with autograd on: the forward alone
-    (its graph built), then forward + backward of a fixed upstream gradient, minus the forward.
-    Gradients are dropped after each backward, as the engine's hooks take them (no accumulation)."""
-    if not leaves:  # no autograd: the forward is all there is
-        return timed(forward, device, min_s), 0.0
-    out = forward()
-    grad = torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
-
-    def both():
-        forward().backward(grad)
-        for t in leaves:
-            t.grad = None
-
-    fwd = timed(forward, device, min_s)
-    return fwd, max(timed(both, device, min_s) - fwd, 0.0)
 
 
 def stacked_forward_backward(make, device: str, min_s: float = 0.02) -> tuple[float, float]:
@@ -140,32 +124,50 @@ def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) 
     return rows
 
 
-def _kernels(numel: int, device: str, dtype) -> dict:
-    """name -> (forward closure, leaves) at about `numel` elements."""
-    h = 256  # row width of the normalised tensors and of the logits' vocabulary blocks
-    x, y = _leaf(numel // h, h, device=device, dtype=dtype), _leaf(numel // h, h, device=device, dtype=dtype)
-    w, b = _leaf(h, device=device, dtype=dtype), _leaf(h, device=device, dtype=dtype)
-    logits = _leaf(max(numel // 8192, 1), 8192, device=device, dtype=torch.float32)  # the engine's fp32 logits
-    target = torch.randint(0, 8192, (logits.shape[0],), device=device)
-    scores = _leaf(numel // 128, 128, device=device, dtype=dtype)
-    dst = torch.empty(numel, device=device, dtype=dtype)
-    table = _leaf(numel // h, h, device=device, dtype=dtype)  # V·h: the tied embedding matrix
-    idx = torch.randint(0, table.shape[0], (512,), device=device)  # a micro-batch's tokens
-    tp = TensorParallel(Group("mp", 1, 0), Comms())  # a group of one: its all-reduces are no-ops
-    shard = VocabShard(logits.shape[1], 0, logits.shape[1])
-    return {
-        "layernorm": (lambda: F.layer_norm(x, (h,), w, b, eps=1e-5), [x, w, b]),
-        "gelu": (lambda: F.gelu(x, approximate="tanh"), [x]),
-        # backward: the residual stream's two gradient paths meet in one add of the same size
-        "residual_add": (lambda: x + y, [x, y]),
-        "cross_entropy": (lambda: F.cross_entropy(logits, target), [logits]),
+def _kernel_makers(numel: int, device: str, dtype) -> dict:
+    """name -> make(), each call of which gives (forward closure, leaves) over fresh tensors of
+    about `numel` elements (`copy`: no leaves, forward only)."""
+    h, tokens = 256, max(numel // 8192, 1)  # h: row width of the normalised tensors; logits rows
+
+    def leaf(*shape, dt=dtype):
+        return _leaf(*shape, device=device, dtype=dt)
+
+    def layernorm():
+        x, w, b = leaf(numel // h, h), leaf(h), leaf(h)
+        return (lambda: F.layer_norm(x, (h,), w, b, eps=1e-5)), [x, w, b]
+
+    def gelu():
+        x = leaf(numel // h, h)
+        return (lambda: F.gelu(x, approximate="tanh")), [x]
+
+    def residual_add():  # backward: the residual stream's two gradient paths meet in one add
+        x, y = leaf(numel // h, h), leaf(numel // h, h)
+        return (lambda: x + y), [x, y]
+
+    def loss(vocab_parallel: bool):  # over the engine's fp32 logits
+        logits, target = leaf(tokens, 8192, dt=torch.float32), torch.randint(0, 8192, (tokens,), device=device)
+        if not vocab_parallel:
+            return (lambda: F.cross_entropy(logits, target)), [logits]
         # Megatron's loss over vocab-sharded logits (mp > 1): its own passes, not the fused kernel
-        "vocab_cross_entropy": (lambda: vocab_parallel_cross_entropy(logits, target, shard, tp), [logits]),
-        "softmax": (lambda: F.softmax(scores, dim=-1), [scores]),
-        # into an existing buffer, as the engine's hooks copy each gradient into its flat slot
-        "copy": (lambda: dst.copy_(x.detach().view(-1)), []),
-        "embedding": (lambda: F.embedding(idx, table), [table]),
-    }
+        tp, shard = TensorParallel(Group("mp", 1, 0), Comms()), VocabShard(8192, 0, 8192)  # a group of one
+        return (lambda: vocab_parallel_cross_entropy(logits, target, shard, tp)), [logits]
+
+    def softmax():
+        scores = leaf(numel // 128, 128)
+        return (lambda: F.softmax(scores, dim=-1)), [scores]
+
+    def copy():  # into an existing buffer, as the engine's hooks copy each gradient into its flat slot
+        src, dst = torch.randn(numel, device=device, dtype=dtype), torch.empty(numel, device=device, dtype=dtype)
+        return (lambda: dst.copy_(src)), []
+
+    def embedding():  # the lookup of a micro-batch's tokens in the V·h tied embedding matrix
+        table = leaf(numel // h, h)
+        idx = torch.randint(0, table.shape[0], (512,), device=device)
+        return (lambda: F.embedding(idx, table)), [table]
+
+    return {"layernorm": layernorm, "gelu": gelu, "residual_add": residual_add,
+            "cross_entropy": lambda: loss(False), "vocab_cross_entropy": lambda: loss(True),
+            "softmax": softmax, "copy": copy, "embedding": embedding}  # fmt: skip
 
 
 def kernel_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
@@ -182,15 +184,25 @@ def kernel_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES
 
 
 def _kernel_sweep(device: str, dtype: torch.dtype) -> list[list]:
-    rows = []
-    for numel in KERNEL_NUMEL[device]:
-        for name, (fn, leaves) in _kernels(numel, device, dtype).items():
-            size = leaves[0].numel() if leaves else numel
-            rows.append([name, size, *forward_backward(fn, leaves, device)])
-    for bh, s, d in ATTENTION_SHAPES[device]:
+    """One sweep: (kernel, size, forward s, backward s) of every named kernel at every size, timed
+    as the linears are (a stack of copies, forward in order, backward reversed: in a loop over one
+    copy GeLU, layernorm and attention ran 0.7-0.9x as long); `copy` (forward only) in a loop."""
+    makers = [(None, name, make) for numel in KERNEL_NUMEL[device]
+              for name, make in _kernel_makers(numel, device, dtype).items()]  # fmt: skip
+
+    def attention(bh, s, d):
         q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))
-        fn = lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-        rows.append(["attention", bh * s * s * d, *forward_backward(fn, [q, k, v], device)])
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), [q, k, v]
+
+    shapes = ATTENTION_SHAPES[device]  # (b·heads, s, d); size b·heads·s²·d
+    makers += [(bh * s * s * d, "attention", lambda a=(bh, s, d): attention(*a)) for bh, s, d in shapes]
+    rows = []
+    for size, name, make in makers:
+        fn, leaves = make()
+        if leaves:  # size: the first leaf's elements (the loss: t x V logits; embedding: V x h) unless given
+            rows.append([name, size or leaves[0].numel(), *stacked_forward_backward(make, device)])
+        else:
+            rows.append([name, fn().numel(), timed(fn, device, 0.02), 0.0])
     return rows + _optimizer_rows(device)
 
 
