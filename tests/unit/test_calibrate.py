@@ -123,6 +123,11 @@ def test_rate_lookups():
     table = dataclasses.replace(CPU, gemm_table=((64, 64, 64, 1e9, 2e9), (4096, 4096, 4096, 4e10, 5e10)))
     assert gemm_rate(table, 64, 64, 64) == 1e9 and gemm_rate(table, 4096, 4096, 4096, backward=True) == 5e10
     assert 1e9 < gemm_rate(table, 512, 512, 512) < 4e10  # between its neighbours
+    # past the largest measured FLOPs (calibrate's cap): the shape halved along its widest
+    # dimension into range, (256, 65536, 256) -> (256, 16384, 256), not its thin neighbours' mix
+    wide = dataclasses.replace(CPU, gemm_table=((64, 16384, 64, 1e9, 1e9), (256, 16384, 256, 3e10, 3e10)))
+    assert gemm_rate(wide, 256, 65536, 256) == 3e10
+    assert gemm_rate(wide, 256, 8192, 256) < 3e10  # within range: interpolated as before
     kt = dataclasses.replace(CPU, kernel_table=(("gelu", 1e3, 1e-6, 2e-6), ("gelu", 1e5, 3e-4, 0.0)))
     # per element: 1 ns forward at 1e3, 3 ns at 1e5; halfway in log size 2 ns, times 1e4 elements
     assert kernel_time(kt, "gelu", 1e4) == pytest.approx((2e-5, 1e-5))
