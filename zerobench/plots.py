@@ -81,24 +81,30 @@ def loss(df: pd.DataFrame, fig) -> None:
 
 
 def capacity(df: pd.DataFrame, fig) -> None:
+    """Left: each stage's trials by size (trained or over budget) with the largest model measured,
+    modelled and by the bare formula. Right: each trial's predicted peak memory against measured."""
     ax, ax2 = fig.subplots(1, 2)
-    trials = df[df.kind == "trial"]
+    trials, largest = df[df.kind == "trial"], df[df.kind == "largest"]
     for stage, sub in trials.groupby("stage"):
         ok, oom = sub[sub.status == "ok"], sub[sub.status != "ok"]
         ax.scatter(ok.num_params / 1e6, [stage] * len(ok), color=COLORS[stage], label=f"{STAGE_LABELS[stage]} trains")
         ax.scatter(oom.num_params / 1e6, [stage] * len(oom), color=COLORS[stage], marker="x", s=60,
                    label=f"{STAGE_LABELS[stage]} over budget (oom)")  # fmt: skip
-    summary = df[df.kind == "largest"]
-    ax.scatter(summary.formula_params / 1e6, summary.stage, marker="|", s=400, color="black",
-               label="formula: budget / model-state bytes per param")  # fmt: skip
+        ax2.scatter(sub.expected, sub.ours, color=COLORS[stage], label=STAGE_LABELS[stage])
+    ax.scatter(largest.expected, largest.stage, marker="|", s=500, color="black", label="largest, measured (crossing)")
+    ax.scatter(largest.ours, largest.stage, marker="D", facecolors="none", edgecolors="red", s=70,
+               label="largest, calibrated model")  # fmt: skip
+    ax.scatter(largest.formula, largest.stage, marker="|", s=500, color="gray", label="formula: model states only")
+    cap = df.mem_cap_bytes.dropna().iloc[0] / 2**20
     ax.set_yticks(list(STAGE_LABELS), list(STAGE_LABELS.values()))
-    ax.set(xlabel="parameters (M)", title=f"budget {df.mem_cap_bytes.dropna().iloc[0] / 2**20:.0f} MiB per rank")
+    ax.set(xlabel="parameters (M)", title=f"budget {cap:.0f} MiB per rank")
     ax.legend(fontsize=6)
-    s = summary[summary.stage > 0]
-    ax2.bar(s.stage - 0.2, s.ours, 0.4, label="measured (largest that trains)")
-    ax2.bar(s.stage + 0.2, s.expected, 0.4, label="formula (model states only)", alpha=0.6)
-    ax2.set_xticks(s.stage, [STAGE_LABELS[v] for v in s.stage])
-    ax2.set(ylabel="largest model / baseline's largest")
+    both = pd.concat([trials.expected, trials.ours])
+    lim = [both.min() * 0.95, both.max() * 1.05]
+    ax2.plot(lim, lim, color="black", lw=0.6, label="predicted = measured")
+    ax2.axvline(cap, color="red", lw=0.6, ls="--", label=f"budget ({cap:.0f} MiB)")
+    ax2.axhline(cap, color="red", lw=0.6, ls="--")
+    ax2.set(xlabel="measured peak RSS growth (MiB)", ylabel="calibrated model's peak (MiB)", xlim=lim, ylim=lim)
     ax2.legend(fontsize=7)
 
 

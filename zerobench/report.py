@@ -10,7 +10,7 @@ import pandas as pd
 import yaml
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
-SHOWN = ["key", "source", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "vs_linear_pct"]
+SHOWN = ["key", "source", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "formula", "vs_linear_pct"]
 
 
 def _num(v) -> str:
@@ -23,7 +23,7 @@ def _num(v) -> str:
 
 def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
-    names = {"error_pct": "error %", "vs_linear_pct": "vs linear %"}
+    names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula"}
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
     for _, r in df[cols].head(MAX_ROWS).iterrows():

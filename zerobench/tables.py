@@ -122,49 +122,9 @@ def loss(records: list[dict]) -> pd.DataFrame:
 
 
 def capacity(records: list[dict]) -> pd.DataFrame:
-    """Largest model per stage under the per-rank budget: one row per trial, then per stage the
-    largest that trained, as a ratio to the baseline's, beside the formula's ratio (model states
-    only, as Table 2's theory columns)."""
-    rows = []
-    for r in records:
-        rows.append(dict(
-            key=f"{STAGE_LABELS[r['stage']]} L={r['layers']}", kind="trial", source=r["source"], status=r["status"],
-            error=r.get("error"), stage=r["stage"], dp=r["dp"], layers=r["layers"], num_params=r["num_params"],
-            mem_cap_bytes=r.get("mem_cap_bytes"), model_state_bytes=_state_bytes(r),
-            rss_growth_bytes=r.get("rss_growth_bytes"),
-        ))  # fmt: skip
-    trials = pd.DataFrame(rows)
-    largest = trials[trials.status == "ok"].groupby("stage")["num_params"].max()
-    base = largest.get(0)
-    summary = []
-    for stage in sorted(trials.stage.unique()):
-        sub = trials[trials.stage == stage].iloc[0]
-        pgk = PGK[records[0]["precision"]]
-        bpp = total_model_state_bytes(1.0, int(stage), int(sub.dp), 1, pgk)
-        formula_params = sub.mem_cap_bytes / bpp if sub.mem_cap_bytes else None
-        ratio = largest.get(stage) / base if base and stage in largest else None
-        expected = total_model_state_bytes(1.0, 0, int(sub.dp), 1, pgk) / bpp
-        model_params = _calibrated_largest(next(r for r in records if r["stage"] == stage))
-        summary.append(dict(
-            key=f"{STAGE_LABELS[stage]} largest / baseline largest", kind="largest", source="measured",
-            status="ok" if stage in largest else "oom", stage=stage, dp=sub.dp,
-            num_params=largest.get(stage), formula_params=formula_params, model_params=model_params, ours=ratio,
-            paper=None,
-            expected=expected, error_pct=_error(ratio, expected) if stage else None,
-            reference="formula: budget / model-state bytes per parameter", mem_cap_bytes=sub.mem_cap_bytes,
-        ))  # fmt: skip
-    return pd.concat([trials, pd.DataFrame(summary)], ignore_index=True)
+    from zerobench.capacity import table  # its own module, which takes the helpers above from here
 
-
-def _calibrated_largest(record: dict) -> float | None:
-    """The calibrated performance model's largest model under the trial's budget (activations
-    and buffers counted; perfmodel/vs_measured.py), beside the bare formula's; None until this
-    machine has a calibrated profile (`zerobench calibrate`, or the model_vs_measured table)."""
-    from zerobench.perfmodel.vs_measured import largest_under_budget, profile_path
-
-    if not (record.get("mem_cap_bytes") and "hidden" in record and profile_path().exists()):
-        return None
-    return largest_under_budget(record)
+    return table(records)
 
 
 def table1(records: list[dict]) -> pd.DataFrame:

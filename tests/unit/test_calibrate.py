@@ -321,7 +321,7 @@ def test_external_runs_file_is_cited_split_and_predictable():
 
 def test_largest_model_under_a_budget_counts_more_than_model_states():
     from zerobench.perfmodel.memory_fit import breakdown
-    from zerobench.perfmodel.vs_measured import _configs, largest_under_budget
+    from zerobench.perfmodel.vs_measured import _configs, largest_under_budget, predicted_peak_bytes
 
     cap = 64 * 2**20
     record = dict(
@@ -332,11 +332,17 @@ def test_largest_model_under_a_budget_counts_more_than_model_states():
     params = largest_under_budget(record, CPU)
     model, parallel, precision, train = _configs(record)
     per_layer = dataclasses.replace(model, layers=2).num_params - dataclasses.replace(model, layers=1).num_params
-    layers = round((params - model.num_params) / per_layer) + 2
+    layers = int((params - model.num_params) // per_layer) + 2  # the deepest whole model below the crossing
     budget = dataclasses.replace(CPU, memory_bytes=float(cap))
-    at = breakdown(dataclasses.replace(model, layers=layers), parallel, precision, 1, budget, DEFAULT, "fused")
-    above = breakdown(dataclasses.replace(model, layers=layers + 1), parallel, precision, 1, budget, DEFAULT, "fused")
+    at, above = (
+        breakdown(dataclasses.replace(model, layers=n), parallel, precision, 1, budget, DEFAULT, "fused")
+        for n in (layers, layers + 1)
+    )
     assert at.fits and not above.fits  # the boundary, found by bisection, checked one layer either side
+    # between them, the budget is crossed where the line through their peaks meets it
+    share = (params - dataclasses.replace(model, layers=layers).num_params) / per_layer
+    assert at.total_bytes + share * (above.total_bytes - at.total_bytes) == pytest.approx(cap)
+    assert predicted_peak_bytes(record, budget, layers) == at.total_bytes
     assert params < cap / (2 + 2 / 4 + 12 / 4)  # below the bare formula: activations and buffers count
 
 

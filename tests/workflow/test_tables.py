@@ -59,14 +59,55 @@ def test_loss_errors_against_the_single_process_run():
     assert df[df.status == "oom"].ours.isna().all()
 
 
-def test_capacity_largest_per_stage_against_the_formula():
-    cap = 16 * 8 * PSI  # the baseline fits 8Ψ of parameters
-    recs = [record(s, 4, num_params=n * PSI, layers=n, mem_cap_bytes=cap, status="ok" if n * b <= 16 * 8 else "oom")
-            for s, b in ((0, 16), (3, 4)) for n in (4, 8, 16, 32)]  # fmt: skip
+def test_capacity_reads_the_budget_crossing_between_the_trials_either_side(monkeypatch, tmp_path):
+    monkeypatch.setenv("ZEROBENCH_PROFILE", str(tmp_path / "none.json"))  # no calibrated model: measured only
+    cap = 100 * 2**20
+
+    def trial(stage, layers, mib, status="ok"):  # 10 Ψ of parameters per layer
+        return record(stage, 4, num_params=10 * PSI * layers, layers=layers, mem_cap_bytes=cap, status=status,
+                      rss_growth_bytes=None if mib is None else mib * 2**20)  # fmt: skip
+
+    recs = [
+        trial(0, 4, 80),
+        trial(0, 6, 110, "oom"),  # 100 MiB crossed halfway from 80 to 110 at 2/3: 5.33 layers
+        trial(1, 4, 60),
+        trial(1, 8, 90),  # nothing ran over: the crossing is above the grid
+        trial(2, 4, 120, "oom"),  # not even the shallowest trained
+        trial(3, 4, 40),
+        trial(3, 8, None, "oom"),
+        trial(3, 6, 70),  # the deeper oom stopped before training
+    ]
     df = tables.capacity(recs)
     largest = df[df.kind == "largest"].set_index("stage")
-    assert largest.loc[3, "ours"] == 4 and largest.loc[3, "expected"] == 4  # 32Ψ / 8Ψ; 16 / (16/4)
-    assert largest.loc[0, "formula_params"] == 8 * PSI
+    assert largest.loc[0, "measured_params"] == pytest.approx(10 * PSI * (4 + 2 * 2 / 3))
+    assert largest.loc[0, "expected"] == pytest.approx(10 * PSI * (4 + 2 * 2 / 3) / 1e6)
+    assert largest.status.tolist() == ["ok", "unbracketed", "oom", "unbracketed"]
+    assert largest.loc[0, "formula"] == pytest.approx(cap / 16 / 1e6)  # 2 + 2 + 12 bytes per parameter
+    assert largest.loc[3, "formula"] == pytest.approx(cap / 4 / 1e6)  # all of it over N_d = 4
+    assert largest.ours.isna().all() and largest.error_pct.isna().all()  # nothing modelled to judge
+    trials = df[df.kind == "trial"]
+    assert trials.expected.tolist()[:2] == [80, 110] and trials.ours.isna().all()
+
+
+def test_capacity_judges_the_calibrated_model_against_the_measured_crossing():
+    from zerobench.capacity import table
+
+    shape = dict(
+        model="tiny", hidden=256, heads=8, seq=128, vocab=256, mp=1, bucket_bytes=2**21, micro_batch=1,
+        grad_accum=1, checkpoint_activations=False, partition_activations=False, offload_activations=False,
+        contiguous_buffers=False, device="cpu", mem_cap_bytes=192 * 2**20,
+    )  # fmt: skip
+    recs = [record(1, 4, **shape, layers=n, num_params=789_760 * n + 99_072, rss_growth_bytes=mib * 2**20,
+                   status="ok" if mib <= 192 else "oom") for n, mib in ((14, 167), (16, 188), (18, 209))]  # fmt: skip
+    df = table(recs, calibrated=(lambda r: (10 * r["layers"] + 20) * 2**20, lambda r: 16.5e6))
+    row = df[df.kind == "largest"].iloc[0]
+    # measured: 192 MiB is 4/21 of the way from 16 layers (188 MiB) to 18 (209 MiB)
+    measured = 789_760 * (16 + 2 * 4 / 21) + 99_072
+    assert row.expected == pytest.approx(measured / 1e6) and row.ours == 16.5
+    assert row.error_pct == pytest.approx(100 * (16.5e6 - measured) / measured)
+    trials = df[df.kind == "trial"]
+    assert trials.ours.tolist() == [160, 180, 200] and trials.expected.tolist() == [167, 188, 209]
+    assert trials.error_pct.iloc[0] == pytest.approx(100 * (160 - 167) / 167)
 
 
 def test_verdicts():

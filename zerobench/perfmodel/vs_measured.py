@@ -21,12 +21,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel.calibration import DEFAULT
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
-from zerobench.perfmodel.memory_fit import max_layers
+from zerobench.perfmodel.memory_fit import breakdown, max_layers
 from zerobench.perfmodel.predict import predict
 from zerobench.perfmodel.profile_file import profile_dir
 
@@ -62,13 +63,34 @@ def _configs(r: dict):
     )
 
 
-def largest_under_budget(r: dict, hw: HardwareProfile | None = None) -> float:
-    """Parameters of the deepest model of `r`'s width that the calibrated model fits in the
-    trial's per-rank budget (`mem_cap_bytes`), activations and buffers counted (capacity)."""
-    hw = dataclasses.replace(hw or calibrated_profile(), memory_bytes=float(r["mem_cap_bytes"]))
+def _budget_profile(r: dict, hw: HardwareProfile | None) -> HardwareProfile:
+    """The calibrated profile with the trial's per-rank budget (`mem_cap_bytes`) as its memory."""
+    return dataclasses.replace(hw or calibrated_profile(), memory_bytes=float(r["mem_cap_bytes"]))
+
+
+def predicted_peak_bytes(r: dict, hw: HardwareProfile | None = None, layers: int | None = None) -> float:
+    """The calibrated model's peak memory per rank of trial `r` (at `layers` deep, if given): model
+    states, activations, buffers and the runtime, as a CPU rank's RSS grows under jemalloc."""
     model, parallel, precision, train = _configs(r)
-    layers = max_layers(model, parallel, precision, train.micro_batch, hw, DEFAULT, attention="fused")
-    return dataclasses.replace(model, layers=layers).num_params if layers else 0.0
+    model = dataclasses.replace(model, layers=layers or model.layers)
+    hw = hw or calibrated_profile()
+    return breakdown(model, parallel, precision, train.micro_batch, hw, DEFAULT, attention="fused").total_bytes
+
+
+def largest_under_budget(r: dict, hw: HardwareProfile | None = None) -> float:
+    """Parameters of the largest model of `r`'s width that the calibrated model fits in the trial's
+    per-rank budget, activations and buffers counted (capacity). Between the deepest model that
+    fits and one layer more, memory and parameters both grow linearly with depth, so the budget's
+    crossing is read off that line: a size in parameters, not a whole number of layers."""
+    hw = _budget_profile(r, hw)
+    model, parallel, precision, train = _configs(r)
+    n = max_layers(model, parallel, precision, train.micro_batch, hw, DEFAULT, attention="fused")
+    if not n:
+        return 0.0
+    depths = (n, n + 1)
+    peaks = [predicted_peak_bytes(r, hw, d) for d in depths]
+    params = [dataclasses.replace(model, layers=d).num_params for d in depths]
+    return float(np.interp(hw.memory_bytes, peaks, params))
 
 
 def _label(r: dict) -> str:
