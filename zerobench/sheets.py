@@ -57,6 +57,9 @@ FIELDS: dict[str, tuple[str, str | None]] = {
     "allocator": ("", "--allocator"),
     # a name for the point in the artifact's table (e.g. "Fig 2 ZeRO 8B"); not a flag
     "label": (None, None),
+    # the same measured trial run again (1, 2, ...): its own record, for a table that takes the
+    # median over the runs, at the times the workflow happens to schedule them; not a flag
+    "repeat": ("rep", None),
 }
 GROUP_KEYS = ("source", "base", "cases", "grid", "smoke")
 

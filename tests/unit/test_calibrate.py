@@ -305,6 +305,24 @@ def test_model_vs_measured_rows_from_a_record():
     assert oom.status == "oom" and oom.ours != oom.ours  # NaN: nothing predicted for a failed trial
 
 
+def test_model_vs_measured_judges_a_trials_step_on_the_median_of_its_runs():
+    from zerobench.perfmodel.vs_measured import model_vs_measured
+
+    record = dict(
+        status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=1, mp=1, stage=0,
+        bucket_bytes=2**20, checkpoint_activations=False, partition_activations=False, offload_activations=False,
+        contiguous_buffers=False, precision="fp32", device="cpu", micro_batch=4, grad_accum=1, steps=2,
+        num_params=1000, allocator="system", comm={},
+    )  # fmt: skip
+    # three runs of one trial, the second in a slow spell, and a run of another micro-batch
+    runs = [dict(record, step_time_s=t) for t in (0.50, 0.80, 0.46)] + [dict(record, micro_batch=8, step_time_s=1.0)]
+    df = model_vs_measured(runs, CPU)
+    assert len(df) == 2 and df.runs.tolist() == [3, 1]
+    assert df.expected.tolist() == [0.50, 1.0]  # the slow run does not move the median
+    assert df.measured_runs_s.iloc[0] == "0.5 0.8 0.46"
+    assert df.runs_spread_pct.iloc[0] == pytest.approx(100 * (0.80 - 0.46) / 0.50)
+
+
 def test_external_runs_file_is_cited_split_and_predictable():
     from zerobench.perfmodel.external import DATA, summary, validate
 

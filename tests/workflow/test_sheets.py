@@ -62,6 +62,13 @@ def test_engine_flags_drop_model_only_fields():
     assert "--micro-batch-policy" not in traced
 
 
+def test_a_repeat_is_a_trial_of_its_own_with_the_same_flags():
+    trial = dict(source="measured", model="cpu-10m", dp=2, steps=30, allocator="system")
+    again = {**trial, "repeat": 2}
+    assert sheets.trial_flags(again) == sheets.trial_flags(trial)  # the engine runs the same trial
+    assert sheets.trial_id(again) == sheets.trial_id(trial) + "-rep2"  # ... into a record of its own
+
+
 def test_largest_that_fits_bisects_to_the_exact_boundary():
     for limit in (0, 1, 5, 7, 16, 40):
         for upper in (1, 7, 16):

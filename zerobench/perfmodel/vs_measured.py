@@ -1,12 +1,12 @@
 """`model_vs_measured`: the performance model on a calibrated profile of this machine beside real
 steps of `zerobench run` (workflows/config/sheets/model_vs_measured.yaml).
 
-Per measured trial one row: on the system allocator the predicted step time against the measured
-median step, on jemalloc the predicted peak memory against the measured peak RSS growth of the
-worst rank (zerobench/allocator.py says why each metric is taken on its allocator); beside them the
-model's breakdown (compute, DP and MP collectives, optimizer) and the seconds the ledger measured
-in collectives per step. `expected` is the measurement, `ours` the prediction, `error_pct`
-100·(ours − expected)/expected.
+Per measured trial one row: on the system allocator the predicted step time against the median
+over the trial's runs (the sheet's `repeat`) of each run's median step, on jemalloc the predicted
+peak memory against the measured peak RSS growth of the worst rank (zerobench/allocator.py says
+why each metric is taken on its allocator); beside them the model's breakdown (compute, DP and MP
+collectives, optimizer) and the seconds the ledger measured in collectives per step. `expected`
+is the measurement, `ours` the prediction, `error_pct` 100·(ours − expected)/expected.
 
 The profile is $ZEROBENCH_PROFILE, else results/profiles/calibrated-<device>.json (the workflow's
 `calibrate` rule); when absent it is measured first (`zerobench calibrate`, under a minute). The
@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import pandas as pd
@@ -101,30 +102,43 @@ def _label(r: dict) -> str:
     return f"{shape} {r.get('precision')} {layout}{ckpt}"
 
 
+def _runs(records: list[dict]) -> list[list[dict]]:
+    """The ok records grouped by trial and allocator (a trial's repeats together), in the order
+    first seen; each failed record alone."""
+    groups: dict[tuple, list[dict]] = {}
+    for i, r in enumerate(records):
+        key = (_label(r), r.get("allocator") or "system") if r["status"] == "ok" else i
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
 def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) -> pd.DataFrame:
     hw = hw or calibrated_profile()
     rows = []
-    for r in records:
+    for runs in _runs(records):
+        r = runs[0]
         key = _label(r)
         if r["status"] != "ok":
             rows.append(dict(key=f"{key}: step", source="measured", status=r["status"], error=r.get("error")))
             continue
         pred = predict(*_configs(r), hw, attention="fused")
         allocator = r.get("allocator") or "system"
-        ledger_s = sum(e["seconds"] for e in (r.get("comm") or {}).values()) / r["steps"]
         common = dict(source="modelled vs measured", status="ok", hardware=hw.name, dp=r["dp"], mp=r["mp"],
                       stage=r["stage"], micro_batch=r["micro_batch"], num_params=r["num_params"],
-                      allocator=allocator)  # fmt: skip
+                      allocator=allocator, runs=len(runs))  # fmt: skip
         # Time on the allocator users run (glibc); memory where RSS is the tensors (jemalloc): under
         # glibc RSS adds 40-110 % of allocator retention, under jemalloc steps slow (allocator.py).
         if allocator == "system":
+            steps = [run["step_time_s"] for run in runs]  # each run's median step (s)
+            ledger = [sum(e["seconds"] for e in (run.get("comm") or {}).values()) / run["steps"] for run in runs]
             rows.append(dict(
-                key=f"{key}: step (s)", series="step time (s)", ours=pred.step_time_s, expected=r["step_time_s"],
+                key=f"{key}: step (s)", series="step time (s)", ours=pred.step_time_s, expected=median(steps),
                 compute_s=pred.compute_s, dp_comm_s=pred.dp_comm_s, mp_comm_s=pred.mp_comm_s + pred.host_copy_s,
-                optimizer_s=pred.optimizer_s, measured_comm_s=ledger_s,
-                measured_spread_s=r["step_time_max_s"] - r["step_time_min_s"], **common,
+                optimizer_s=pred.optimizer_s, measured_comm_s=median(ledger),
+                measured_runs_s=" ".join(f"{v:.4g}" for v in steps),
+                runs_spread_pct=100 * (max(steps) - min(steps)) / median(steps), **common,
             ))  # fmt: skip
-        if allocator == "jemalloc":
+        if allocator == "jemalloc":  # one run: memory does not wander with the host's speed
             rows.append(dict(
                 key=f"{key}: peak memory (MiB)", series="peak memory (MiB)", ours=pred.memory.total_bytes / MiB,
                 expected=r["rss_growth_bytes"] / MiB, model_states_mib=pred.memory.model_state_bytes / MiB,
