@@ -52,6 +52,11 @@ COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements pe
 # one call in four or so waits ~3-5 ms for a wake-up (cpu-10m mp 2: a 512 KiB all-reduce took a
 # median 1.15 ms after both ranks arrived and a mean 2.35 ms; the median had put it at 0.86 ms)
 COLLECTIVE_CALLS = 40
+# Runs of the whole collective benchmark (fresh processes each, minutes apart); each call's time
+# and each wait is the median over them. In one judged run of 2 December a single run caught a
+# slow spell: its all-reduce alpha read 1.8 ms against 0.9 and the all-gathers 2-5x as long, and
+# the model's stage 3 and latency-bound steps came out +47 to +101 %.
+COLLECTIVE_RUNS = 3
 # (seconds of compute between two syncs, rounds) of the sync-wait benchmark: 1-3 s each
 SYNC_COMPUTE = ((0.002, 500), (0.02, 100), (0.2, 15))
 
@@ -145,21 +150,37 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     return alpha, sum(v * v for v, _ in large) / max(sum(v * t for v, t in large), 1e-12)
 
 
-def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[list], list[list]]:
-    """(α–β rows (op, size, α, bytes/s), curve rows (op, size, per-rank ring volume, seconds),
-    sync rows (group size, compute s between syncs, wait s), see `_sync_waits`)."""
-    rows, curve, syncs = [], [], []
+def collective_run(device: str, sizes: list[int], log) -> dict[int, dict]:
+    """One run of the collective benchmark per group size, in processes of its own: {size: {"rows":
+    [[op, bytes per call, mean s]], "sync": [[compute s, wait s]]}}."""
+    runs = {}
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             init, out = f"file://{tmp}/rendezvous", os.path.join(tmp, "rows.pt")
             mp.start_processes(_collective_worker, args=(size, init, device, out), nprocs=size, start_method="spawn")
-            measured = torch.load(out)
-        syncs += [[size, *row] for row in measured["sync"]]
-        log(
-            f"sync x{size}: "
-            + ", ".join(f"{w * 1e3:.2f} ms waited after {c * 1e3:.0f} ms" for c, w in measured["sync"])
-        )
-        measured = measured["rows"]
+            runs[size] = torch.load(out)
+        small = min(t for op, _, t in runs[size]["rows"] if op == "all_reduce")
+        log(f"collectives x{size}: one run, the smallest all-reduce {small * 1e6:.0f} us")
+    return runs
+
+
+def _median_rows(tables: list[list[list]], first: int) -> list[list]:
+    """Row by row over equal tables: the first `first` fields of the first table's row, then the
+    median of each later field over the tables."""
+    return [[*rows[0][:first], *(statistics.median(col) for col in zip(*(r[first:] for r in rows)))]
+            for rows in zip(*tables)]  # fmt: skip
+
+
+def collectives(runs: list[dict[int, dict]], log) -> tuple[list[list], list[list], list[list]]:
+    """(α–β rows (op, size, α, bytes/s), curve rows (op, size, per-rank ring volume, seconds),
+    sync rows (group size, compute s between syncs, wait s), see `_sync_waits`) from the runs of
+    `collective_run`: each call's time, and each wait, the median over the runs."""
+    rows, curve, syncs = [], [], []
+    for size in runs[0]:
+        sync = _median_rows([run[size]["sync"] for run in runs], 0)
+        syncs += [[size, *row] for row in sync]
+        log(f"sync x{size}: " + ", ".join(f"{w * 1e3:.2f} ms waited after {c * 1e3:.0f} ms" for c, w in sync))
+        measured = _median_rows([run[size]["rows"] for run in runs], 2)
         for op in OPS:
             pts = [(v, t) for o, v, t in measured if o == op]
             # a message never takes longer than a larger one: each point at most the larger ones' time
@@ -167,7 +188,8 @@ def collectives(device: str, sizes: list[int], log) -> tuple[list[list], list[li
             alpha, bw = _fit_alpha_beta(pts)
             rows.append([op, size, alpha, bw])
             curve += [[op, size, v, t] for v, t in pts]
-            log(f"{op} x{size}: alpha {alpha * 1e6:.0f} us, {bw / 1e9:.2f} GB/s of ring volume")
+            log(f"{op} x{size}: alpha {alpha * 1e6:.0f} us, {bw / 1e9:.2f} GB/s of ring volume"
+                f" (median of {len(runs)} runs)")  # fmt: skip
     return rows, curve, syncs
 
 
@@ -186,8 +208,15 @@ def calibrate(
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the engine's compute dtypes
     if device == "cpu":  # per core, as the workflow runs its ranks: one intra-op thread each (Snakefile)
         torch.set_num_threads(1)
+    devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
+    sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
+    # The collective runs are spread over the calibration, first, between and last: a shared
+    # host's slow spells last a minute or more, and one run in one took its calls 2-5x as long.
+    runs = COLLECTIVE_RUNS if passes > 1 else 1
+    coll_runs = [collective_run(device, sizes, log)]
     gemm = gemm_table(device, dtype, log, passes)
     kernels = kernel_table(device, dtype, log, passes)
+    coll_runs += [collective_run(device, sizes, log) for _ in range(min(1, runs - 1))]
     per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
     runtime, ckpt_runtime = runtime_bytes(log) if device == "cpu" else (0.0, 0.0)  # a GPU's is the paper's
     # CPU ranks share a host's memory bandwidth and cache (a GPU per rank shares nothing)
@@ -196,9 +225,8 @@ def calibrate(
     # bytes/s of the residual add (read 2, write 1) at its largest size: the memory bandwidth
     add = max((r for r in kernels if r[0] == "residual_add"), key=lambda r: r[1])
     stream_bw = 3 * add[1] * dtype.itemsize / add[2]
-    devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
-    sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
-    coll, curve, syncs = collectives(device, sizes, log)
+    coll_runs += [collective_run(device, sizes, log) for _ in range(runs - len(coll_runs))]
+    coll, curve, syncs = collectives(coll_runs, log) if sizes else ([], [], [])
     if coll:
         ring_bw = max(r[3] for r in coll if r[0] == "all_reduce")
         alpha = min(r[2] for r in coll if r[0] == "all_reduce")
@@ -230,7 +258,7 @@ def calibrate(
         profile = dataclasses.replace(profile, mp_sync_table=tuple(map(tuple, waits)))
     samples = {"torch": torch.__version__,
                "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "gemm": gemm}  # fmt: skip
+               "gemm": gemm, "collective_runs": coll_runs}  # fmt: skip
     return profile, samples
 
 

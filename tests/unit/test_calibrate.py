@@ -119,6 +119,21 @@ def test_alpha_beta_fit_recovers_a_line():
     assert alpha == pytest.approx(50e-6, rel=1e-3) and bw == pytest.approx(2e9, rel=1e-3)
 
 
+def test_collectives_take_each_calls_median_over_the_runs():
+    # three runs of the benchmark at one group size, the second in a slow spell (every call 4x)
+    def run(slow):
+        rows = [[op, v, slow * (50e-6 + v / 2e9)] for op in ("all_reduce", "reduce_scatter", "all_gather")
+                for v in (16.0, 2.0**18, 2.0**22)]  # fmt: skip
+        return {2: {"rows": rows, "sync": [[0.002, slow * 1e-3], [0.2, slow * 5e-3]]}}
+
+    coll, curve, syncs = calibrate.collectives([run(1.0), run(4.0), run(1.1)], lambda _: None)
+    assert [r[:2] for r in coll] == [["all_reduce", 2], ["reduce_scatter", 2], ["all_gather", 2]]
+    alpha, bw = coll[0][2:]
+    assert alpha == pytest.approx(1.1 * 50e-6, rel=1e-3) and bw == pytest.approx(2e9 / 1.1, rel=1e-3)  # the middle run's
+    assert curve[2] == ["all_reduce", 2, 2.0**22, pytest.approx(1.1 * (50e-6 + 2**22 / 2e9))]
+    assert syncs == [[2, 0.002, pytest.approx(1.1e-3)], [2, 0.2, pytest.approx(5.5e-3)]]
+
+
 def test_rate_lookups():
     table = dataclasses.replace(CPU, gemm_table=((64, 64, 64, 1e9, 2e9), (4096, 4096, 4096, 4e10, 5e10)))
     assert gemm_rate(table, 64, 64, 64) == 1e9 and gemm_rate(table, 4096, 4096, 4096, backward=True) == 5e10
