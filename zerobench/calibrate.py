@@ -9,7 +9,8 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
   parameter; the cost of an op beside its arithmetic, and the ops a layer runs;
 - collectives: all-reduce, reduce-scatter and all-gather through zerobench/comms.py in spawned
   gloo (CPU) or NCCL (GPU) worlds of each group size: the mean time per message size (the curve
-  the model reads), and α + ring volume / bandwidth fitted to it (beyond its largest message);
+  the model reads; the median over three runs spread over the calibration), and α + ring volume
+  / bandwidth fitted to it (beyond its largest message);
 - sync waits, in the same worlds: what a rank waits at a collective after the same compute as the
   others (`_sync_waits`); and what an MP all-reduce costs inside the engine's own MP steps beyond
   the curve (zerobench/calibrate_runs.py, CPU);
@@ -17,7 +18,7 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
 - the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial,
   zerobench/calibrate_runs.py), and what it gains more with activation checkpointing;
 - concurrency (CPU only): the step's kernels on one core, alone and with every rank running.
-Every benchmark prints one progress line. About 4 minutes on two CPU cores (1.5 with `--passes 1`).
+Every benchmark prints one progress line. About 5 minutes on two CPU cores (under 2 with `--passes 1`).
 """
 
 from __future__ import annotations
