@@ -128,8 +128,8 @@ def test_collectives_take_each_calls_median_over_the_runs():
 
     coll, curve, syncs = calibrate.collectives([run(1.0), run(4.0), run(1.1)], lambda _: None)
     assert [r[:2] for r in coll] == [["all_reduce", 2], ["reduce_scatter", 2], ["all_gather", 2]]
-    alpha, bw = coll[0][2:]
-    assert alpha == pytest.approx(1.1 * 50e-6, rel=1e-3) and bw == pytest.approx(2e9 / 1.1, rel=1e-3)  # the middle run's
+    alpha, bw = coll[0][2:]  # the middle run's
+    assert alpha == pytest.approx(1.1 * 50e-6, rel=1e-3) and bw == pytest.approx(2e9 / 1.1, rel=1e-3)
     assert curve[2] == ["all_reduce", 2, 2.0**22, pytest.approx(1.1 * (50e-6 + 2**22 / 2e9))]
     assert syncs == [[2, 0.002, pytest.approx(1.1e-3)], [2, 0.2, pytest.approx(5.5e-3)]]
 
