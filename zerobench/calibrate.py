@@ -53,7 +53,7 @@ COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements pe
 # one call in four or so waits ~3-5 ms for a wake-up (cpu-10m mp 2: a 512 KiB all-reduce took a
 # median 1.15 ms after both ranks arrived and a mean 2.35 ms; the median had put it at 0.86 ms)
 COLLECTIVE_CALLS = 40
-# Runs of the whole collective benchmark (fresh processes each, minutes apart); each call's time
+# Runs of the whole collective benchmark (fresh processes each, a minute or more apart); each call's time
 # and each wait is the median over them. In one judged run of 2 December a single run caught a
 # slow spell: its all-reduce alpha read 1.8 ms against 0.9 and the all-gathers 2-5x as long, and
 # the model's stage 3 and latency-bound steps came out +47 to +101 %.
@@ -211,8 +211,8 @@ def calibrate(
         torch.set_num_threads(1)
     devices = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
     sizes = [n for n in group_sizes if n <= devices or device == "cpu"]  # NCCL: one rank per GPU
-    # The collective runs are spread over the calibration, first, between and last: a shared
-    # host's slow spells last a minute or more, and one run in one took its calls 2-5x as long.
+    # The collective runs are spread over the calibration, first, after the grids and last: a
+    # shared host's slow spells last a minute or more, and one run in one took its calls 2-5x as long.
     runs = COLLECTIVE_RUNS if passes > 1 else 1
     coll_runs = [collective_run(device, sizes, log)]
     gemm = gemm_table(device, dtype, log, passes)

@@ -60,7 +60,7 @@ def table(records: list[dict], calibrated: tuple | None = None) -> pd.DataFrame:
     rows = []
     for r in records:
         measured = r.get("rss_growth_bytes")
-        # a trial stopped before training has no shape to predict from; nor does a record without one
+        # no prediction without a profile, nor for a record without the model's shape (a failed one may lack it)
         predicted = model[0](r) / MiB if model and "hidden" in r else None
         rows.append(dict(
             key=f"{STAGE_LABELS[r['stage']]} L={r['layers']}: peak memory (MiB)", kind="trial",
