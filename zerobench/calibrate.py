@@ -39,6 +39,7 @@ from zerobench.calibrate_kernels import (
     GEMM_PASSES,
     gemm_table,
     kernel_table,
+    median_rows,
     op_overhead,
     timed,
 )
@@ -165,23 +166,16 @@ def collective_run(device: str, sizes: list[int], log) -> dict[int, dict]:
     return runs
 
 
-def _median_rows(tables: list[list[list]], first: int) -> list[list]:
-    """Row by row over equal tables: the first `first` fields of the first table's row, then the
-    median of each later field over the tables."""
-    return [[*rows[0][:first], *(statistics.median(col) for col in zip(*(r[first:] for r in rows)))]
-            for rows in zip(*tables)]  # fmt: skip
-
-
 def collectives(runs: list[dict[int, dict]], log) -> tuple[list[list], list[list], list[list]]:
     """(α–β rows (op, size, α, bytes/s), curve rows (op, size, per-rank ring volume, seconds),
     sync rows (group size, compute s between syncs, wait s), see `_sync_waits`) from the runs of
     `collective_run`: each call's time, and each wait, the median over the runs."""
     rows, curve, syncs = [], [], []
     for size in runs[0]:
-        sync = _median_rows([run[size]["sync"] for run in runs], 0)
+        sync = median_rows([run[size]["sync"] for run in runs], 0)
         syncs += [[size, *row] for row in sync]
         log(f"sync x{size}: " + ", ".join(f"{w * 1e3:.2f} ms waited after {c * 1e3:.0f} ms" for c, w in sync))
-        measured = _median_rows([run[size]["rows"] for run in runs], 2)
+        measured = median_rows([run[size]["rows"] for run in runs], 2)
         for op in OPS:
             pts = [(v, t) for o, v, t in measured if o == op]
             # a message never takes longer than a larger one: each point at most the larger ones' time
@@ -217,7 +211,8 @@ def calibrate(
     coll_runs = [collective_run(device, sizes, log)]
     gemm = gemm_table(device, dtype, log, passes)
     kernels = kernel_table(device, dtype, log, passes)
-    coll_runs += [collective_run(device, sizes, log) for _ in range(min(1, runs - 1))]
+    if runs > 1:
+        coll_runs.append(collective_run(device, sizes, log))
     per_op, (ops_per_layer, ops_fixed) = op_overhead(device, log)
     runtime, ckpt_runtime = runtime_bytes(log) if device == "cpu" else (0.0, 0.0)  # a GPU's is the paper's
     # CPU ranks share a host's memory bandwidth and cache (a GPU per rank shares nothing)

@@ -103,6 +103,13 @@ def _leaf(*shape, device, dtype) -> torch.Tensor:
     return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
 
 
+def median_rows(tables: list[list], first: int) -> list[list]:
+    """Row by row over equal tables (sweeps, runs): the first `first` fields of the first table's
+    row, then the median of each later field over the tables."""
+    return [[*rows[0][:first], *(statistics.median(col) for col in zip(*(r[first:] for r in rows)))]
+            for rows in zip(*tables)]  # fmt: skip
+
+
 def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
     """Rows (tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s) of F.linear, cold:
     each shape's median over `passes` sweeps of the whole grid, so that a shared host's slow
@@ -116,10 +123,8 @@ def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) 
         return (lambda: F.linear(x, w, b)), [x, w, b]
 
     samples = [[stacked_forward_backward(lambda s=s: make(*s), device) for s in shapes] for _ in range(passes)]
-    rows = []
-    for i, (m, n, k) in enumerate(shapes):
-        fwd, bwd = (statistics.median(p[i][j] for p in samples) for j in (0, 1))
-        rows.append([m, n, k, 2 * m * n * k / fwd, 4 * m * n * k / max(bwd, 1e-9)])
+    rows = [[m, n, k, 2 * m * n * k / fwd, 4 * m * n * k / max(bwd, 1e-9)]
+            for (m, n, k), (fwd, bwd) in zip(shapes, median_rows(samples, 0), strict=True)]  # fmt: skip
     log(f"linear: {len(rows)} shapes x {passes} passes, {dtype}, forward best {max(r[3] for r in rows) / 1e9:.1f} "
         f"GFLOP/s, backward best {max(r[4] for r in rows) / 1e9:.1f}")  # fmt: skip
     return rows
@@ -174,10 +179,7 @@ def _kernel_makers(numel: int, device: str, dtype) -> dict:
 def kernel_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
     """Rows (kernel, size, forward s, backward s); size in elements, attention's heads·b·s²·d.
     Each the median over `passes` sweeps of every size, as the linear grid."""
-    sweeps = [_kernel_sweep(device, dtype) for _ in range(passes)]
-    rows = [
-        [*row[:2], *(statistics.median(s[i][j] for s in sweeps) for j in (2, 3))] for i, row in enumerate(sweeps[0])
-    ]
+    rows = median_rows([_kernel_sweep(device, dtype) for _ in range(passes)], 2)
     for size in sorted({r[1] for r in rows}):
         done = [f"{r[0]} {(r[2] + r[3]) * 1e3:.2f} ms" for r in rows if r[1] == size]
         log(f"kernels at size {size:.0f} (forward + backward, median of {passes}): " + ", ".join(done))

@@ -64,11 +64,6 @@ def _configs(r: dict):
     )
 
 
-def _budget_profile(r: dict, hw: HardwareProfile | None) -> HardwareProfile:
-    """The calibrated profile with the trial's per-rank budget (`mem_cap_bytes`) as its memory."""
-    return dataclasses.replace(hw or calibrated_profile(), memory_bytes=float(r["mem_cap_bytes"]))
-
-
 def predicted_peak_bytes(r: dict, hw: HardwareProfile | None = None, layers: int | None = None) -> float:
     """The calibrated model's peak memory per rank of trial `r` (at `layers` deep, if given): model
     states, activations, buffers and the runtime, as a CPU rank's RSS grows under jemalloc."""
@@ -83,7 +78,7 @@ def largest_under_budget(r: dict, hw: HardwareProfile | None = None) -> float:
     per-rank budget, activations and buffers counted (capacity). Between the deepest model that
     fits and one layer more, memory and parameters both grow linearly with depth, so the budget's
     crossing is read off that line: a size in parameters, not a whole number of layers."""
-    hw = _budget_profile(r, hw)
+    hw = dataclasses.replace(hw or calibrated_profile(), memory_bytes=float(r["mem_cap_bytes"]))
     model, parallel, precision, train = _configs(r)
     n = max_layers(model, parallel, precision, train.micro_batch, hw, DEFAULT, attention="fused")
     if not n:
