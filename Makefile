@@ -41,5 +41,5 @@ smoke: setup
 # After an intended change: measure, rewrite the baseline, and commit it with the change.
 smoke-baseline: setup
 	$(SMOKE_RUN) || true
-	$(BIN)/python -m zerobench.smoke $(SMOKE_DIR)/results/runs/*.json --update \
+	$(BIN)/python -m zerobench.checks.smoke $(SMOKE_DIR)/results/runs/*.json --update \
 		--baseline workflows/config/smoke_baseline.json --out $(SMOKE_DIR)/results/smoke.json

@@ -13,4 +13,4 @@ mkdir -p "$out"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee "$out/versions.txt"
 timeout 150 "$py" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$out/tests.log"
-timeout 330 "$py" -m zerobench.gpu_check "$out" --budget-s 300 2>&1 | tee "$out/sweep.log"
+timeout 330 "$py" -m zerobench.checks.gpu_check "$out" --budget-s 300 2>&1 | tee "$out/sweep.log"

@@ -7,13 +7,13 @@ import copy
 
 import torch
 
-from zerobench.comms import Comms
 from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-from zerobench.data import SyntheticTokens
 from zerobench.model import GPT
 from zerobench.parallel import topology
+from zerobench.parallel.comms import Comms
 from zerobench.parallel.tensor_parallel import gather_full
-from zerobench.train import build_engine, train_steps
+from zerobench.runtime.batches import SyntheticTokens
+from zerobench.runtime.train import build_engine, train_steps
 from zerobench.trial import TrialSpec
 
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models

@@ -1,11 +1,11 @@
 # Shared helpers: config and sheet validation, the trial space, trial ids and command-line flags
-# (zerobench/sheets.py: pure Python, so dry runs and lint stay light).
+# (zerobench/sweeps/sheets.py: pure Python, so dry runs and lint stay light).
 from pathlib import Path
 
 import yaml
 from snakemake.utils import validate
 
-from zerobench import sheets as zs
+from zerobench.sweeps import sheets as zs
 
 validate(config, schema="schemas/config.schema.yaml")
 

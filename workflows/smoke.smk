@@ -1,5 +1,5 @@
 # The CI smoke benchmark: a few small trials whose machine-independent numbers must equal the
-# committed baseline (zerobench/smoke.py says which and how). Run it into a directory of its own:
+# committed baseline (zerobench/checks/smoke.py says which and how). Run it into a directory of its own:
 #   make smoke      (snakemake smoke --directory .smoke; under 3 minutes on 2 cores)
 # `make smoke-baseline` rewrites the baseline after an intended change.
 
@@ -31,4 +31,4 @@ rule smoke:
     params:
         baseline=SMOKE_BASELINE,
     shell:
-        "python -m zerobench.smoke {input} --baseline {params.baseline} --out {output} > {log} 2>&1"
+        "python -m zerobench.checks.smoke {input} --baseline {params.baseline} --out {output} > {log} 2>&1"

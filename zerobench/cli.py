@@ -10,8 +10,8 @@ import sys
 
 from zerobench.cli_args import configs, hardware_args, mib, model_args, parallel_args, train_args
 from zerobench.config import ConfigError
-from zerobench.fit_search import policy_args
-from zerobench.sweep import sweep_args
+from zerobench.sweeps.modelled import sweep_args
+from zerobench.sweeps.search import policy_args
 
 
 def _trial_spec(args):
@@ -26,7 +26,7 @@ def _trial_spec(args):
 
 
 def cmd_run(args) -> int:
-    from zerobench.fit_search import searched
+    from zerobench.sweeps.search import searched
 
     record = searched(args, _run_once)
     if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
@@ -41,7 +41,7 @@ def _run_once(args) -> dict:
     if args.time_limit:
         configs(args)  # refuse a bad configuration here, without importing torch in this process
         return _run_with_time_limit(args, args.time_limit)
-    from zerobench.launch import run_trial
+    from zerobench.runtime.launch import run_trial
 
     return run_trial(_trial_spec(args))
 
@@ -53,9 +53,9 @@ def _run_with_time_limit(args, limit: float) -> dict:
     import signal
     import subprocess
 
-    from zerobench.fit_search import pinned
-    from zerobench.procs import process_tree
     from zerobench.results import read_record, write_record
+    from zerobench.runtime.procs import process_tree
+    from zerobench.sweeps.search import pinned
 
     if not args.out:
         raise ConfigError("time_limit: needs --out (the record is written there)")
@@ -87,21 +87,21 @@ def _write_infeasible(args, exc: ConfigError) -> None:
 
 
 def cmd_table(args) -> int:
-    from zerobench.tables import build
+    from zerobench.artifacts.tables import build
 
     build(args.kind, args.records, args.sheet).to_csv(args.out, index=False)
     return 0
 
 
 def cmd_plot(args) -> int:
-    from zerobench.plots import plot
+    from zerobench.artifacts.plots.draw import plot
 
     plot(args.kind, args.table, args.out, args.title)
     return 0
 
 
 def cmd_report(args) -> int:
-    from zerobench.report import write_report
+    from zerobench.artifacts.report import write_report
 
     write_report(args.sheets, args.tables, args.out, peers=args.peers)
     return 0
@@ -109,7 +109,7 @@ def cmd_report(args) -> int:
 
 def cmd_trace(args) -> int:
     from zerobench.results import write_record
-    from zerobench.trace import trace_record
+    from zerobench.runtime.trace import trace_record
     from zerobench.trial import TrialSpec
 
     model, parallel, precision, train = configs(args)
@@ -122,7 +122,7 @@ def cmd_trace(args) -> int:
 
 def cmd_model(args) -> int:
     from zerobench.results import write_record
-    from zerobench.sweep import modelled
+    from zerobench.sweeps.modelled import modelled
 
     record = modelled(args)
     if args.out:
@@ -141,7 +141,7 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from zerobench.calibrate import main as calibrate
+    from zerobench.calibrate.machine import main as calibrate
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
@@ -196,7 +196,7 @@ def _summarise(record: dict) -> None:
 
 def allocator_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allocator", default="system", choices=("auto", "jemalloc", "system"),
-                   help="host allocator on CPU (zerobench/allocator.py); auto: jemalloc when installed")  # fmt: skip
+                   help="host allocator on CPU (runtime/allocator.py); auto: jemalloc when installed")  # fmt: skip
 
 
 def parser() -> argparse.ArgumentParser:
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
-            from zerobench import allocator
+            from zerobench.runtime import allocator
 
             allocator.use(args.allocator, args.argv)
         return args.fn(args)

@@ -1,7 +1,7 @@
 """One trial: its spec (`TrialSpec`) and the one record every source writes (`TrialRecord`).
 
 A record's `source` says where its numbers come from — `measured` (real steps of the engine,
-zerobench/train.py), `traced` (the engine under FakeTensorMode, zerobench/trace.py), `modelled`
+zerobench/runtime/train.py), `traced` (the engine under FakeTensorMode, zerobench/runtime/trace.py), `modelled`
 (the performance model) — and `status` whether the trial produced them (`ok`) or why not (`oom`,
 `infeasible`, `timeout`, `error`, with `error` holding the message). The columns are the fields of
 `TrialRecord`, written here once; `trial_columns` is the one translation of a configuration into
@@ -182,10 +182,10 @@ class TrialSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     out: str | None = None
     timeout_s: float = 1800.0  # a collective that waits longer than this fails the trial
-    data: str = "synthetic"  # token source: "synthetic" or a text corpus (zerobench.data.token_source)
+    data: str = "synthetic"  # token source: "synthetic" or a text corpus (zerobench.runtime.batches.token_source)
     mem_cap_bytes: int | None = None  # per-rank memory budget; a trial that would exceed it is status oom
     resume: str | None = None  # a training-state snapshot to load first; steps continue from its data position
-    save: str | None = None  # where to write a snapshot after the timed steps (zerobench.snapshot)
+    save: str | None = None  # where to write a snapshot after the timed steps (zerobench.runtime.snapshot)
 
     def __post_init__(self):
         self.parallel.check_model(self.model)

@@ -1,4 +1,4 @@
-"""comms.py on real gloo: reduce-scatter and all-gather issued as a pairwise exchange give what
+"""parallel/comms.py on real gloo: reduce-scatter and all-gather issued as a pairwise exchange give what
 torch.distributed's own collectives give, in and out of place, on the world and on a subgroup
 whose group ranks differ from the global ones, with the ledger's ring volume unchanged."""
 
@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 
 from tests.worlds import spawned
-from zerobench.comms import Comms
 from zerobench.parallel import topology
+from zerobench.parallel.comms import Comms
 
 
 def _compare(rank: int) -> dict:

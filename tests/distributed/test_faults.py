@@ -15,12 +15,12 @@ import torch
 
 from tests.engine_cases import spec_for
 from tests.worlds import threaded
-from zerobench import faults
-from zerobench.comms import Comms
 from zerobench.config import ConfigError, PrecisionConfig
-from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.parallel import topology
-from zerobench.train import build_engine, train_steps
+from zerobench.parallel.comms import Comms
+from zerobench.runtime import faults
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.train import build_engine, train_steps
 
 
 def _processes_mentioning(text: str) -> list[str]:

@@ -11,11 +11,11 @@ import torch
 from tests.engine_cases import clone, engine_run, reference_run, rel_err, spec_for, whole_parameters
 from tests.worlds import spawned, threaded
 from zerobench import cli
-from zerobench.comms import Comms
 from zerobench.config import ZERO_CONFIGS, ConfigError, ParallelConfig, preset
 from zerobench.parallel import topology
+from zerobench.parallel.comms import Comms
 from zerobench.perfmodel import network
-from zerobench.train import build_engine, train_steps
+from zerobench.runtime.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 ODD_VOCAB = preset("tiny").with_overrides(layers=3, seq=24, vocab=997)  # 997 is prime: padded for every mp
@@ -70,8 +70,8 @@ def _norm_and_pad(rank, spec):
 
 def _reference_norms(spec):
     """Gradient norms of the single-process run (clip_grad_norm_ returns the total norm)."""
-    from zerobench.data import SyntheticTokens
     from zerobench.model import GPT
+    from zerobench.runtime.batches import SyntheticTokens
 
     t = spec.train
     model = GPT(spec.model)

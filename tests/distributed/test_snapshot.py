@@ -9,13 +9,14 @@ import torch
 
 from tests.engine_cases import spec_for
 from tests.worlds import spawned, threaded
-from zerobench import cli, results, snapshot
-from zerobench.comms import Comms
+from zerobench import cli, results
 from zerobench.config import preset
 from zerobench.model import GPT
 from zerobench.parallel import topology
-from zerobench.snapshot import CheckpointError
-from zerobench.train import build_engine, train_steps
+from zerobench.parallel.comms import Comms
+from zerobench.runtime import snapshot
+from zerobench.runtime.snapshot import CheckpointError
+from zerobench.runtime.train import build_engine, train_steps
 
 STATES = ("master", "exp_avg", "exp_avg_sq")
 

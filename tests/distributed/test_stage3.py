@@ -11,10 +11,10 @@ from torch import nn
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
 from tests.worlds import spawned, threaded
-from zerobench.comms import Comms
 from zerobench.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig, preset
 from zerobench.model import GPT, Linear
 from zerobench.parallel import topology
+from zerobench.parallel.comms import Comms
 from zerobench.zero.stage2 import Stage2
 from zerobench.zero.stage3 import Stage3
 

@@ -7,10 +7,10 @@ import torch
 
 from tests.engine_cases import spec_for
 from tests.worlds import threaded
-from zerobench.comms import Comms
 from zerobench.parallel import topology
-from zerobench.trace import trace_step
-from zerobench.train import build_engine, train_steps
+from zerobench.parallel.comms import Comms
+from zerobench.runtime.trace import trace_step
+from zerobench.runtime.train import build_engine, train_steps
 
 LEDGER_KEYS = ("calls", "elements", "bytes", "volume_elements", "volume_bytes")
 

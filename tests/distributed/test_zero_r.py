@@ -7,10 +7,10 @@ import torch
 from tests.engine_cases import clone, engine_run, reference_run, rel_err, spec_for
 from tests.worlds import threaded
 from zerobench import cli, cli_args, memory
-from zerobench.comms import Comms
 from zerobench.config import ZERO_CONFIGS
 from zerobench.parallel import topology
-from zerobench.train import build_engine, train_steps
+from zerobench.parallel.comms import Comms
+from zerobench.runtime.train import build_engine, train_steps
 from zerobench.zero.activations import checkpoint_store
 from zerobench.zero.buffers import AllocationCounter, largest_bucket_bytes
 

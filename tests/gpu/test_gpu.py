@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
-from zerobench.launch import run_trial
+from zerobench.runtime.launch import run_trial
 from zerobench.trial import TrialSpec
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""The host allocator choice (zerobench/allocator.py): bad choices refused by name, and jemalloc as
+"""The host allocator choice (zerobench/runtime/allocator.py): bad choices refused by name, and jemalloc as
 the memory trials run it, returning freed pages at once so that RSS holds live allocations."""
 
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from zerobench import allocator
 from zerobench.config import ConfigError
+from zerobench.runtime import allocator
 
 # Touch 64 tensors of 4 MiB, as a step's activations, free them, and print RSS (MiB) before, at
 # the peak and after, from /proc. jemalloc's default decay (10 s) kept 26 MiB of them here.
@@ -46,6 +46,6 @@ def test_jemalloc_returns_freed_pages_at_once():
 @pytest.mark.skipif(allocator.jemalloc_path() is None, reason="libjemalloc2 not installed")
 def test_system_under_a_preloaded_jemalloc_is_refused():
     env = allocator.preload_env(allocator.jemalloc_path())
-    code = "from zerobench import allocator; allocator.use('system', [])"
+    code = "from zerobench.runtime import allocator; allocator.use('system', [])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "jemalloc is preloaded" in out.stderr

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from zerobench import calibrate, calibrate_kernels
+from zerobench.calibrate import kernels as calibrate_kernels
+from zerobench.calibrate import machine as calibrate
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel import DEFAULT, compute, get_profile, network, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
@@ -297,7 +298,7 @@ def test_op_count_of_the_model():
 
 
 def test_model_vs_measured_rows_from_a_record():
-    from zerobench.perfmodel.vs_measured import _configs, model_vs_measured
+    from zerobench.artifacts.vs_measured import _configs, model_vs_measured
 
     record = dict(
         status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=2, mp=1, stage=1,
@@ -306,7 +307,7 @@ def test_model_vs_measured_rows_from_a_record():
         num_params=1000, step_time_s=0.5, step_time_min_s=0.4, step_time_max_s=0.6, rss_growth_bytes=64 * 2**20,
         comm={"reduce_scatter/dp": {"seconds": 0.2}, "all_gather/dp": {"seconds": 0.1}},
     )  # fmt: skip
-    # the step judged on the system allocator, the memory on jemalloc (zerobench/allocator.py)
+    # the step judged on the system allocator, the memory on jemalloc (zerobench/runtime/allocator.py)
     jemalloc = dict(record, allocator="jemalloc")
     df = model_vs_measured([record, jemalloc, dict(record, status="oom", error="over budget")], CPU)
     assert len(df) == 3
@@ -321,7 +322,7 @@ def test_model_vs_measured_rows_from_a_record():
 
 
 def test_model_vs_measured_judges_a_trials_step_on_the_median_of_its_runs():
-    from zerobench.perfmodel.vs_measured import model_vs_measured
+    from zerobench.artifacts.vs_measured import model_vs_measured
 
     record = dict(
         status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=1, mp=1, stage=0,
@@ -339,7 +340,7 @@ def test_model_vs_measured_judges_a_trials_step_on_the_median_of_its_runs():
 
 
 def test_external_runs_file_is_cited_split_and_predictable():
-    from zerobench.perfmodel.external import DATA, summary, validate
+    from zerobench.fitting.external import DATA, summary, validate
 
     df = validate()
     assert len(df) >= 20 and df.citation.str.len().min() > 20
@@ -353,8 +354,8 @@ def test_external_runs_file_is_cited_split_and_predictable():
 
 
 def test_largest_model_under_a_budget_counts_more_than_model_states():
-    from zerobench.perfmodel.memory_fit import breakdown
-    from zerobench.perfmodel.vs_measured import _configs, largest_under_budget, predicted_peak_bytes
+    from zerobench.artifacts.vs_measured import _configs, largest_under_budget, predicted_peak_bytes
+    from zerobench.perfmodel.feasibility import breakdown
 
     cap = 64 * 2**20
     record = dict(
@@ -382,7 +383,7 @@ def test_largest_model_under_a_budget_counts_more_than_model_states():
 def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
     # three rounds of each shape: 14 MP all-reduces a step (tiny's 2 layers: 2 x 4 + 2 + 3, and the
     # gradient norm) taking 20, 50 (a slow spell) and 10 ms per step: the median, 20 ms, is kept
-    from zerobench import calibrate_runs
+    from zerobench.calibrate import engine_runs as calibrate_runs
 
     calls, ran, spent = 14, [], iter([0.02, 0.05, 0.01] * 3)
 

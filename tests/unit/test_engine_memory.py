@@ -11,7 +11,7 @@ import pytest
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES
-from zerobench.trace import trace_step
+from zerobench.runtime.trace import trace_step
 from zerobench.trial import TrialSpec
 
 # wide enough that the loss's logits and the tied embedding count, as in the cpu-10m trials

@@ -1,4 +1,4 @@
-"""External validation (perfmodel/external.py, zerobench/data/external_runs.csv) and the per-GPU
+"""External validation (fitting/external.py, zerobench/data/external_runs.csv) and the per-GPU
 constants: measured GEMM efficiency, the rest fitted on the GPU's own runs (docs/perfmodel.md)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.perfmodel.calibration import DEFAULT, GEMM_EFF_MEASURED
-from zerobench.perfmodel.external import CODE, DATA, summary, validate
-from zerobench.perfmodel.fit import HARDWARE_KNOBS, fit_hardware
+from zerobench.fitting.external import CODE, DATA, summary, validate
+from zerobench.fitting.fit import HARDWARE_KNOBS, fit_hardware
+from zerobench.perfmodel.constants import DEFAULT, GEMM_EFF_MEASURED
+from zerobench.perfmodel.feasibility import breakdown, logits_bytes
 from zerobench.perfmodel.hardware import get_profile
-from zerobench.perfmodel.memory_fit import breakdown, logits_bytes
 
 
 def test_three_independent_sources_with_a100_or_newer_and_a_split_per_source():

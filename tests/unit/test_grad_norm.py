@@ -4,7 +4,7 @@ peers comparison runs without clipping (workflows/common.smk, PEERS)."""
 
 import torch
 
-from zerobench.comms import Comms
+from zerobench.parallel.comms import Comms
 from zerobench.zero.optimizer import clip_, global_grad_norm
 
 

@@ -13,8 +13,8 @@ from zerobench.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, 
 from zerobench.flops import step_flops
 from zerobench.perfmodel import DEFAULT, estimate_text, get_profile, layout, model_record, network, predict
 from zerobench.perfmodel.compute import flops_per_gpu
+from zerobench.perfmodel.feasibility import breakdown, max_micro_batch
 from zerobench.perfmodel.kernels import layer_gemms
-from zerobench.perfmodel.memory_fit import breakdown, max_micro_batch
 from zerobench.perfmodel.paper_setups import PAPER_PRECISION, zero_parallel
 
 V100 = get_profile("v100-32gb-dgx2")
@@ -202,7 +202,7 @@ def test_estimate_text():
 
 
 def test_perfmodel_never_imports_torch():
-    code = "import sys, zerobench.perfmodel.artifacts; sys.exit('torch' in sys.modules)"
+    code = "import sys, zerobench.artifacts.modelled; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from zerobench.perfmodel.artifacts import ARTIFACTS, mape
-from zerobench.perfmodel.batch_check import batch_check
+from zerobench.artifacts.modelled import ARTIFACTS, mape
+from zerobench.fitting.batch_check import batch_check
 
 # Achieved MAPE per artifact over every paper number it has (fit points included), in %.
 ACHIEVED = {"table2": 1.1, "fig2": 13.5, "fig3": 8.1, "fig5": 9.0, "fig6": 2.6, "fig7": 20.8, "fig8": 7.0}
@@ -76,7 +76,7 @@ def test_points_worse_than_25_percent_are_the_known_ones(frames):
 
 
 def test_fig3_superlinear_from_memory(frames):
-    from zerobench.sheets import load_sheet, sheet_trials
+    from zerobench.sweeps.sheets import load_sheet, sheet_trials
 
     sweep = {}  # GPUs -> the batches the authors' sweep files list (the fig3 sheet's trials)
     for trial in (t for group in sheet_trials(load_sheet("fig3")) for t in group):

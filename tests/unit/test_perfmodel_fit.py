@@ -1,5 +1,5 @@
 """The fitted constants in DEFAULT are what the fit procedure gives on FIT_SET: a model change
-that moves the optimum shows here until `python -m zerobench.perfmodel.fit` is re-run."""
+that moves the optimum shows here until `python -m zerobench.fitting.fit` is re-run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from zerobench.perfmodel.calibration import DEFAULT, FITTED, Calibration
-from zerobench.perfmodel.fit import _BOUNDS, THROUGHPUT_KNOBS, throughput_objective
+from zerobench.fitting.fit import _BOUNDS, THROUGHPUT_KNOBS, throughput_objective
+from zerobench.perfmodel.constants import DEFAULT, FITTED, Calibration
 
 
 def test_every_fitted_constant_is_a_calibration_field_with_paper_points():

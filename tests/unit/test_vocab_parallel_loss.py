@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zerobench.comms import Comms
+from zerobench.parallel.comms import Comms
 from zerobench.parallel.tensor_parallel import TensorParallel, VocabShard, vocab_parallel_cross_entropy
 from zerobench.parallel.topology import Group
 

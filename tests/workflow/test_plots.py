@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from matplotlib.colors import LogNorm
 
-from zerobench import plot_paper, plot_scaling
-from zerobench.plots import plot
+from zerobench.artifacts.plots import paper as plot_paper
+from zerobench.artifacts.plots import scaling as plot_scaling
+from zerobench.artifacts.plots.draw import plot
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""Sheets of trials (zerobench/sheets.py), the largest-that-fits policy (zerobench/fit_search.py),
-modelled groups in one process (zerobench/sweep.py) and a paper sheet planned on SLURM as
+"""Sheets of trials (zerobench/sweeps/sheets.py), the largest-that-fits policy (zerobench/sweeps/search.py),
+modelled groups in one process (zerobench/sweeps/modelled.py) and a paper sheet planned on SLURM as
 measured trials."""
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zerobench import cli, sheets, sweep, tables
+from zerobench import cli
+from zerobench.artifacts import tables
 from zerobench.config import PRESETS, ConfigError, ParallelConfig, PrecisionConfig
-from zerobench.fit_search import largest_that_fits
 from zerobench.perfmodel import get_profile
-from zerobench.perfmodel.calibration import DEFAULT
-from zerobench.perfmodel.memory_fit import max_micro_batch
+from zerobench.perfmodel.constants import DEFAULT
+from zerobench.perfmodel.feasibility import max_micro_batch
+from zerobench.sweeps import modelled as sweep
+from zerobench.sweeps import sheets
+from zerobench.sweeps.search import largest_that_fits
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -173,7 +176,7 @@ def test_committed_paper_records_join_their_sheets():
 
 def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
     """Under --time-limit each attempt is a child process: its flags pin the attempt's size."""
-    from zerobench.fit_search import pinned
+    from zerobench.sweeps.search import pinned
 
     argv = ["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--layers", "8"]
     args = cli.parser().parse_args(argv)

@@ -1,4 +1,4 @@
-"""zerobench.smoke's gate on hand-made records: exact bytes, losses within LOSS_RTOL, trials that
+"""zerobench.checks.smoke's gate on hand-made records: exact bytes, losses within LOSS_RTOL, trials that
 appear or vanish, and the baseline rewritten only when asked."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from zerobench import smoke
+from zerobench.checks import smoke
 
 
 def rec(**fields) -> dict:

@@ -1,4 +1,4 @@
-"""zerobench.superlinear on hand-made records: the largest micro-batch that fits per stage and N_d,
+"""zerobench.artifacts.superlinear on hand-made records: the largest micro-batch that fits per stage and N_d,
 the perfect-linear reference, the report's words for either outcome, and the figure."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from zerobench import report, superlinear
-from zerobench.plots import plot
+from zerobench.artifacts import report, superlinear
+from zerobench.artifacts.plots.draw import plot
 
 MIB = 2**20
 

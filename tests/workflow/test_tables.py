@@ -1,4 +1,4 @@
-"""zerobench.tables and zerobench.report on hand-made records: the references, the errors and the
+"""zerobench.artifacts.tables and zerobench.artifacts.report on hand-made records: the references, the errors and the
 verdicts the report prints (no processes, no torch)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from zerobench import report, tables
+from zerobench.artifacts import report, tables
 
 PSI = 1000
 
@@ -90,7 +90,7 @@ def test_capacity_reads_the_budget_crossing_between_the_trials_either_side(monke
 
 
 def test_capacity_judges_the_calibrated_model_against_the_measured_crossing():
-    from zerobench.capacity import table
+    from zerobench.artifacts.capacity import table
 
     shape = dict(
         model="tiny", hidden=256, heads=8, seq=128, vocab=256, mp=1, bucket_bytes=2**21, micro_batch=1,

@@ -117,7 +117,7 @@ def _check_smoke_benchmark(tmp_path: Path) -> None:
     baseline[z3]["losses"][-1] *= 1 + 1e-4
     tampered = tmp_path / "tampered.json"
     tampered.write_text(json.dumps(baseline))
-    cmd = [sys.executable, "-m", "zerobench.smoke", *records, "--baseline", str(tampered), "--out", "/dev/null"]
+    cmd = [sys.executable, "-m", "zerobench.checks.smoke", *records, "--baseline", str(tampered), "--out", "/dev/null"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1
     assert f"/{z3}/param_bytes" in out.stderr and f"/{z3}/losses[2]" in out.stderr, out.stderr

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zerobench.comms import Comms
 from zerobench.model import GPT
+from zerobench.parallel.comms import Comms
 from zerobench.parallel.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,

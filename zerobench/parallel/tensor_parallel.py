@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from zerobench.comms import Comms
 from zerobench.model import Linear
+from zerobench.parallel.comms import Comms
 from zerobench.parallel.topology import Group
 
 

@@ -2,6 +2,6 @@
 precision and world size trained by our engine (stages 0–3), PyTorch DDP, ZeroRedundancyOptimizer,
 FSDP2 and DeepSpeed 0–3, one implementation per spawned world (`zerobench peers`).
 
-common.py: the shared model, data and measurement harness; ours.py, torch_peers.py,
+harness.py: the shared model, data and measurement harness; ours.py, torch_peers.py,
 deepspeed_peer.py: one module per family; runner.py: rows and ratios; summary.py: table and figure.
 """

@@ -20,9 +20,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerobench.data import SyntheticTokens, micro_batches
 from zerobench.model import GPT
 from zerobench.parallel.spawn import spawned
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
 from zerobench.trial import TrialSpec
 from zerobench.zero.activations import apply_activation_checkpointing
 
@@ -153,7 +153,7 @@ def train_on_rank(impl: str, spec, observer: CollectiveObserver | None = None) -
 
 def timed_collectives(trainer, observer: CollectiveObserver) -> dict:
     """Calls and message bytes per op over the timed steps: from the trainer's own ledger where it
-    keeps one (ours: the logical collectives, however comms.py realizes them), else as observed."""
+    keeps one (ours: the logical collectives, however parallel/comms.py realizes them), else as observed."""
     own = getattr(trainer, "timed_collectives", None)
     return own() if own is not None else observer.counts
 

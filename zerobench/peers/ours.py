@@ -1,4 +1,4 @@
-"""Our engine in the comparison: `zerobench.train.build_engine` and `train_steps`, exactly the path
+"""Our engine in the comparison: `zerobench.runtime.train.build_engine` and `train_steps`, exactly the path
 a `zerobench run` trial takes."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import torch
 
-from zerobench.comms import Comms
 from zerobench.parallel import topology
-from zerobench.train import build_engine, train_steps
+from zerobench.parallel.comms import Comms
+from zerobench.runtime.train import build_engine, train_steps
 
 
 def _stage(impl: str) -> int:

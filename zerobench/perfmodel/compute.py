@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from zerobench.config import ModelConfig
 from zerobench.flops import step_flops
-from zerobench.perfmodel.calibration import Calibration
+from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import kernel_time, layer_elementwise, measured_compute_time
 

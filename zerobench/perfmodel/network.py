@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from zerobench.config import ModelConfig
-from zerobench.perfmodel.calibration import Calibration
+from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
 
 

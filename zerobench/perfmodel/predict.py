@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network
-from zerobench.perfmodel.calibration import DEFAULT, Calibration
+from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.kernels import check_attention
-from zerobench.perfmodel.memory_fit import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.trial import new_record, trial_columns
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from zerobench.comms import Comms
 from zerobench.config import ParallelConfig
+from zerobench.parallel.comms import Comms
 
 
 @dataclass

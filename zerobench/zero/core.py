@@ -16,8 +16,8 @@ from collections import deque
 
 import torch
 
-from zerobench.comms import Comms, Handle
 from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.parallel.comms import Comms, Handle
 from zerobench.parallel.topology import Group, ParallelContext
 from zerobench.zero.buffers import BufferPool
 from zerobench.zero.optimizer import LossScaler, ShardedAdam, clip_, global_grad_norm
@@ -185,7 +185,7 @@ class ZeroEngine:
         self.scaler.update(overflow)
         if not overflow:
             counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
-            # kept a tensor: a traced step (FakeTensorMode, zerobench/trace.py) has no value to read
+            # kept a tensor: a traced step (FakeTensorMode, zerobench/runtime/trace.py) has no value to read
             self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
             clip_(grads, self.last_grad_norm, self.train.clip_norm)
             sends = []

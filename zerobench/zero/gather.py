@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from zerobench.comms import Comms
 from zerobench.config import ConfigError, ParallelConfig
+from zerobench.parallel.comms import Comms
 from zerobench.parallel.topology import Group
 from zerobench.zero.buffers import BufferPool
 from zerobench.zero.partition import FlatLayout

@@ -13,8 +13,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.optim.adam import adam
 
-from zerobench.comms import Comms
 from zerobench.config import TrainConfig
+from zerobench.parallel.comms import Comms
 from zerobench.parallel.topology import Group
 from zerobench.zero.partition import coalesce
 

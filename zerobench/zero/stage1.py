@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.comms import Handle
+from zerobench.parallel.comms import Handle
 from zerobench.zero.core import FullGradients, ZeroEngine, gather_updated
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.comms import Comms, Handle
+from zerobench.parallel.comms import Comms, Handle
 from zerobench.parallel.topology import Group
 from zerobench.zero.buffers import BufferPool
 from zerobench.zero.core import ZeroEngine, gather_updated

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerobench.comms import Comms, Handle
+from zerobench.parallel.comms import Comms, Handle
 from zerobench.zero.core import ZeroEngine
 from zerobench.zero.gather import GatheredBuckets
 from zerobench.zero.partition import FlatLayout, overlaps

@@ -1,0 +1,152 @@
+"""An artifact's table (results/<artifact>.csv) -> its figure (figures/<artifact>.png).
+
+Ours are filled markers labelled with their source (measured / traced / modelled), the paper's
+numbers hollow black markers labelled "paper", and the paper's formula a line where there is one.
+This module draws the measured CPU experiments and dispatches the rest: the paper-scale artifacts
+in their paper's form (artifacts/plots/paper.py) and the scaling plots (artifacts/plots/scaling.py). matplotlib's Agg
+backend; no torch import.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from zerobench.config import STAGE_LABELS  # noqa: E402
+
+COLORS = {0: "tab:gray", 1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
+MARKERS = {"measured": "o", "traced": "s", "modelled": "D", "formula": "^"}
+PAPER = dict(marker="o", facecolors="none", edgecolors="black", s=90, linewidths=1.3, zorder=5)
+
+
+def _paper_points(ax, x, y, label="paper") -> None:
+    mask = y.notna()
+    if mask.any():
+        ax.scatter(x[mask], y[mask], label=label, **PAPER)
+
+
+def memory(df: pd.DataFrame, fig) -> None:
+    ax, ax2 = fig.subplots(1, 2)
+    for stage, sub in df.groupby("stage"):
+        c = COLORS[stage]
+        line = sub.drop_duplicates("dp").sort_values("dp")
+        ax.plot(line.dp, line.expected, "-", color=c, alpha=0.5, label=f"{STAGE_LABELS[stage]} formula")
+        for source, s in sub.groupby("source"):
+            ax.scatter(s.dp, s.ours, color=c, marker=MARKERS[source], s=40, zorder=4,
+                       label=f"{STAGE_LABELS[stage]} {source} ({s.model.iloc[0]})")  # fmt: skip
+        _paper_points(ax, sub.dp, sub.paper, "paper (Table 1, 7.5B)" if stage == 3 else None)
+        meas = sub[(sub.source == "measured") & sub.rss_growth_bytes.notna()].sort_values("dp")
+        if len(meas):
+            ax2.plot(meas.dp, meas.model_state_bytes / 2**20, "--", color=c, alpha=0.6)
+            ax2.plot(meas.dp, meas.rss_growth_bytes / 2**20, "o-", color=c,
+                     label=f"{STAGE_LABELS[stage]} measured peak (model states dashed)")  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="DP degree N_d", ylabel="model-state bytes per parameter per rank")
+    ax.legend(fontsize=6, ncol=2)
+    ax2.set(xscale="log", xlabel="DP degree N_d", ylabel="MiB per rank (CPU, peak RSS growth)")
+    ax2.legend(fontsize=6)
+    for a, dps in ((ax, df.dp), (ax2, df[df.source == "measured"].dp)):
+        ticks = sorted(dps.unique())
+        a.set_xticks(ticks, [str(int(t)) for t in ticks])
+        a.minorticks_off()
+
+
+def comm(df: pd.DataFrame, fig) -> None:
+    ax = fig.subplots()
+    dps = sorted(df.dp.unique())
+    width = 0.8 / len(dps)
+    for i, dp in enumerate(dps):
+        sub = df[df.dp == dp].sort_values("stage")
+        ax.bar(sub.stage + (i - (len(dps) - 1) / 2) * width, sub.ours, width, label=f"measured, N_d={dp}")
+    paper = df.drop_duplicates("stage").sort_values("stage")
+    _paper_points(ax, paper.stage, paper.paper, "paper §7: 2Ψ, 2Ψ, 2Ψ, 3Ψ")
+    ax.set_xticks(paper.stage, [STAGE_LABELS[s] for s in paper.stage])
+    ax.set(ylabel="DP volume per rank per step / (Ψ (N_d-1)/N_d)", ylim=(0, 3.6))
+    ax.legend(fontsize=8)
+
+
+def loss(df: pd.DataFrame, fig) -> None:
+    ax, ax2 = fig.subplots(1, 2)
+    for layout, sub in df[df.ours.notna()].groupby("layout", sort=False):
+        ax.plot(sub.step, sub.ours, lw=1, label=f"{layout} (measured)")
+        ax2.plot(sub.step, (sub.ours - sub.expected).abs(), lw=1, label=layout)
+    ax.set(xlabel="step", ylabel=f"training loss, nats per byte ({df.data.dropna().iloc[0]})")
+    ax.legend(fontsize=7)
+    ax2.set(xlabel="step", ylabel="|loss - single-process loss|", yscale="symlog", ylim=(0, None))
+    ax2.axhline(0, color="black", lw=0.5)
+    ax2.set_yscale("symlog", linthresh=1e-7)
+    ax2.legend(fontsize=7)
+
+
+def capacity(df: pd.DataFrame, fig) -> None:
+    """Left: each stage's trials by size (trained or over budget) with the largest model measured,
+    modelled and by the bare formula. Right: each trial's predicted peak memory against measured."""
+    ax, ax2 = fig.subplots(1, 2)
+    trials, largest = df[df.kind == "trial"], df[df.kind == "largest"]
+    for stage, sub in trials.groupby("stage"):
+        ok, oom = sub[sub.status == "ok"], sub[sub.status != "ok"]
+        ax.scatter(ok.num_params / 1e6, [stage] * len(ok), color=COLORS[stage], label=f"{STAGE_LABELS[stage]} trains")
+        ax.scatter(oom.num_params / 1e6, [stage] * len(oom), color=COLORS[stage], marker="x", s=60,
+                   label=f"{STAGE_LABELS[stage]} over budget (oom)")  # fmt: skip
+        ax2.scatter(sub.expected, sub.ours, color=COLORS[stage], label=STAGE_LABELS[stage])
+    ax.scatter(largest.expected, largest.stage, marker="|", s=500, color="black", label="largest, measured (crossing)")
+    ax.scatter(largest.ours, largest.stage, marker="D", facecolors="none", edgecolors="red", s=70,
+               label="largest, calibrated model")  # fmt: skip
+    ax.scatter(largest.formula, largest.stage, marker="|", s=500, color="gray", label="formula: model states only")
+    cap = df.mem_cap_bytes.dropna().iloc[0] / 2**20
+    ax.set_yticks(list(STAGE_LABELS), list(STAGE_LABELS.values()))
+    ax.set(xlabel="parameters (M)", title=f"budget {cap:.0f} MiB per rank")
+    ax.legend(fontsize=6)
+    both = pd.concat([trials.expected, trials.ours])
+    lim = [both.min() * 0.95, both.max() * 1.05]
+    ax2.plot(lim, lim, color="black", lw=0.6, label="predicted = measured")
+    ax2.axvline(cap, color="red", lw=0.6, ls="--", label=f"budget ({cap:.0f} MiB)")
+    ax2.axhline(cap, color="red", lw=0.6, ls="--")
+    ax2.set(xlabel="measured peak RSS growth (MiB)", ylabel="calibrated model's peak (MiB)", xlim=lim, ylim=lim)
+    ax2.legend(fontsize=7)
+
+
+def compare(df: pd.DataFrame, fig, source_label: str) -> None:
+    """Any artifact with key / ours / paper: ours and the paper's number side by side per point,
+    one panel per `series` where the artifact has them (each series is one unit: TFLOPS,
+    speed-up, billions of parameters), and the status written where we have no number."""
+    df = df[df.ours.notna() | df.paper.notna()].reset_index(drop=True)
+    groups = list(df.groupby("series", sort=False)) if "series" in df else [("", df)]
+    axes = fig.subplots(len(groups), 1, squeeze=False, height_ratios=[len(g) for _, g in groups])[:, 0]
+    for ax, (series, sub) in zip(axes, groups):
+        y = list(range(len(sub)))
+        src = sub.source.iloc[0] if "source" in sub and len(sub) else source_label
+        ax.barh([v + 0.2 for v in y], sub.ours.fillna(0), 0.4, label=f"ours ({src})")
+        if sub.paper.notna().any():
+            ax.barh([v - 0.2 for v in y], sub.paper.fillna(0), 0.4, color="none", edgecolor="black", label="paper")
+        for v, (ours, status) in enumerate(zip(sub.ours, sub.get("status", [None] * len(sub)))):
+            if pd.isna(ours):
+                ax.text(0, v + 0.2, f" {status if isinstance(status, str) else 'n/a'}", va="center", fontsize=6)
+        ax.set_yticks(y, sub.key, fontsize=6)
+        ax.invert_yaxis()
+        ax.set_title(str(series), fontsize=8, loc="left")
+        ax.legend(fontsize=7)
+
+
+def plot(kind: str, table: str, out: str, title: str = "") -> None:
+    """Draw the figure of `kind` from the CSV `table` into the PNG `out`."""
+    # Imported here: those modules take their shared style from this one.
+    from zerobench.artifacts.plots.paper import FIGURES
+    from zerobench.artifacts.plots.scaling import fig3, superlinear
+
+    df = pd.read_csv(table)
+    draw = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "fig3": fig3,
+            "superlinear": superlinear, **FIGURES}  # fmt: skip
+    wide = kind in ("memory", "loss", "capacity", "fig3", "fig8", "superlinear", "table1", "today", "fig2", "table2")
+    tall = {"table1": 8, "today": 6.5}.get(kind, 5)
+    fig = plt.figure(figsize=(13 if wide else 8, tall if kind in draw else max(4.5, 0.17 * len(df) + 1.5)))
+    if kind in draw:
+        draw[kind](df, fig)
+    else:
+        compare(df, fig, "modelled")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,155 @@
+"""The paper's Table 1 (per-device model-state memory, K = 12) by three independent routes: the
+paper's printed cells, the analytic formula (`memory.model_state_bytes`, paper §5) and traces of
+this engine (`zerobench trace --states-only`, the traced trials of sheets/table1.yaml), cell by
+cell at the paper's printed precision.
+
+The paper's 7.5B, 128B and 1T are parameter counts, not shapes: the presets `table1-7.5b`,
+`table1-128b` and `table1-1t` (config.py) have exactly 7.5·10⁹, 128·10⁹ and 10¹² parameters. Most
+128B and 1T cells are truncated, not rounded, in the paper (paper.md §2; the `notes` column of
+paper_reference.csv says which), and each cell is compared the way it was printed.
+
+    python -m zerobench.artifacts.table1 OUTDIR [--all]   # OUTDIR/table1.csv and .md, tracing in-process
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench import memory
+from zerobench.config import NOMINAL_BILLIONS, PRESETS, STAGE_LABELS, ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.results import load_paper_reference
+
+GB = 1e9  # the paper's GB
+STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}
+NDS = (1, 4, 16, 64, 256, 1024)
+# traced by default (sheets/table1.yaml lists the same): a cell's trace (the engine built, no
+# step) costs ~1-6 s of CPU here, plus ~3 s once to import torch._dynamo (zerobench/runtime/trace.py), so
+# three N_d per model; the formula covers every cell, and `--all` traces all 54
+TRACED_NDS = (4, 64, 1024)
+# the paper's size in billions -> its preset
+MODELS: dict[float, ModelConfig] = {
+    size: PRESETS[name] for name, size in NOMINAL_BILLIONS.items() if name.startswith("table1-")
+}
+PRECISION = PrecisionConfig(mode="bf16")  # 2 + 2 + 12 bytes per parameter (K = 12)
+Cell = tuple[float, int, int]  # (size in billions, N_d, stage)
+
+
+def printed(value: float, like: str, truncate: bool) -> Decimal:
+    """`value` written with as many decimals as the paper's `like`, truncated or rounded half up."""
+    places = Decimal(1).scaleb(-len(like.partition(".")[2]))
+    return Decimal(repr(value)).quantize(places, rounding=ROUND_DOWN if truncate else ROUND_HALF_UP)
+
+
+def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
+    """Per-rank model-state bytes of this engine, traced (see `zerobench.runtime.trace.trace_states`)."""
+    from zerobench.runtime.trace import trace_states
+    from zerobench.trial import TrialSpec
+
+    spec = TrialSpec(model, ParallelConfig(dp=nd, stage=stage), PRECISION)
+    return sum(trace_states(spec).values())
+
+
+def traced_cells(records: list[dict]) -> dict[Cell, int]:
+    """Model-state bytes per Table 1 cell from traced records of the Table 1 presets."""
+    return {
+        (NOMINAL_BILLIONS[r["model"]], r["dp"], r["stage"]): r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+        for r in records
+        if r["source"] == "traced" and r["status"] == "ok" and r["model"] in NOMINAL_BILLIONS
+    }
+
+
+def trace_cells(nds: dict[float, tuple[int, ...]], log=None) -> dict[Cell, int]:
+    """Trace the cells named by `nds` (size -> N_d) in this process, every stage."""
+    out = {}
+    for size, model_nds in nds.items():
+        for nd in model_nds:
+            for stage in STAGES:
+                t0 = time.perf_counter()
+                out[size, nd, stage] = traced_state_bytes(MODELS[size], stage, nd)
+                if log:
+                    log(f"traced {MODELS[size].name} stage {stage} N_d {nd}: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def table1(traced: dict[Cell, int]) -> pd.DataFrame:
+    """One row per paper cell: model, nd, stage, paper_gb, formula_gb, traced_gb, match.
+
+    `traced` holds the engine's model-state bytes of the cells that were traced; the others are
+    NaN in `traced_gb` and checked against the formula alone. `match` is True when the formula and
+    (where present) the trace print as the paper's cell."""
+    ref = load_paper_reference()
+    ref = ref[ref.artifact == "table1"]
+    rows = []
+    for r in ref.itertuples():
+        size, nd = float(r.model_params_b), int(r.dp)
+        stage = {v: k for k, v in STAGES.items()}[r.stage_or_config]
+        model = MODELS[size]
+        truncate = "truncated" in str(r.notes)
+        formula = memory.total_model_state_bytes(model.num_params, stage, nd) / GB
+        traced_gb = traced[size, nd, stage] / GB if (size, nd, stage) in traced else float("nan")
+        paper = Decimal(str(r.value))
+        match = printed(formula, str(r.value), truncate) == paper and (
+            traced_gb != traced_gb or printed(traced_gb, str(r.value), truncate) == paper
+        )
+        rows.append(
+            dict(
+                model=f"{size:g}B" if size < 1000 else "1T",
+                num_params=model.num_params,
+                nd=nd,
+                stage=stage,
+                stage_name=STAGES[stage],
+                paper_gb=float(paper),
+                formula_gb=formula,
+                traced_gb=traced_gb,
+                rounding="truncated" if truncate else "rounded",
+                match=bool(match),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """Table 1 as the paper lays it out (N_d rows, model × stage columns), each cell
+    paper / formula / traced in GB, and a line saying whether every cell matched."""
+    lines = []
+    cols = [(m, s) for m in df.model.unique() for s in STAGES]
+    header = " | ".join(f"{m} {STAGES[s]}" for m, s in cols)
+    lines += [f"| N_d | {header} |", "|---" * (len(cols) + 1) + "|"]
+    for nd in sorted(df.nd.unique()):
+        cells = []
+        for m, s in cols:
+            r = df[(df.model == m) & (df.nd == nd) & (df.stage == s)].iloc[0]
+            traced = "–" if r.traced_gb != r.traced_gb else f"{r.traced_gb:.6g}"
+            cells.append(f"{r.paper_gb:g} / {r.formula_gb:.6g} / {traced}{'' if r.match else ' ✗'}")
+        lines.append(f"| {nd} | " + " | ".join(cells) + " |")
+    sizes = ", ".join(f"{m} = {n:,} parameters" for m, n in df.groupby("model", sort=False).num_params.first().items())
+    n_traced = int(df.traced_gb.notna().sum())
+    lines += [
+        "",
+        "Each cell: paper / formula / traced, GB = 10⁹ bytes per device (model states, K = 12). "
+        f"Models: {sizes}. {n_traced} of {len(df)} cells traced; "
+        f"{'every cell matches' if df.match.all() else f'{int((~df.match).sum())} cells differ (✗)'} "
+        "at the paper's printed precision.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write(outdir: str | Path, nds: dict[float, tuple[int, ...]]) -> pd.DataFrame:
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    df = table1(trace_cells(nds, log=lambda s: print(s, file=sys.stderr)))
+    df.to_csv(outdir / "table1.csv", index=False)
+    (outdir / "table1.md").write_text(markdown(df))
+    return df
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--all"]):
+        sys.exit("usage: python -m zerobench.artifacts.table1 OUTDIR [--all]")
+    frame = write(sys.argv[1], {size: NDS if sys.argv[2:] else TRACED_NDS for size in MODELS})
+    sys.exit(0 if frame.match.all() else 1)

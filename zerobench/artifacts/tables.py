@@ -1,0 +1,219 @@
+"""Records -> one artifact's table (results/<artifact>.csv).
+
+Every table has the columns the report reads: `key`, `source` (measured / traced / modelled),
+`status`, `ours`, `paper` (the paper's number where it has one for this point), `expected` (the
+paper's formula evaluated at our scale, where there is one), `error_pct` (against `paper` where
+present, else against `expected`) and `reference` (what the error is measured against). Paper
+numbers are references only. The paper's performance artifacts (table2, fig2, ...) are built by
+zerobench.artifacts.paper_tables from their records and sheets. No torch import.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
+from zerobench.memory import total_model_state_bytes
+from zerobench.results import load_paper_reference, read_record
+from zerobench.sweeps import sheets
+
+PGK = BYTES_PER_PARAM  # bytes per parameter, paper §3.1
+TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters
+
+
+def _error(ours, ref) -> float | None:
+    if ours is None or ref is None or not ref or any(isinstance(v, float) and math.isnan(v) for v in (ours, ref)):
+        return None
+    return 100.0 * (ours - ref) / ref
+
+
+def _state_bytes(r: dict) -> float | None:
+    parts = [r.get(k) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")]
+    return None if any(p is None for p in parts) else float(sum(parts))
+
+
+def _table1_bytes_per_param() -> dict[tuple[int, int], float]:
+    """Table 1's 7.5B column as bytes per parameter per device, by (N_d, stage); stage 0 (no
+    ZeRO) is the N_d = 1 row, which the paper states holds at any N_d (16Ψ, §5)."""
+    ref = load_paper_reference()
+    rows = ref[(ref.artifact == "table1") & (ref.model_params_b.astype(str) == f"{TABLE1_PSI_B:g}")]
+    out = {}
+    for _, r in rows.iterrows():
+        stage = {v: k for k, v in STAGE_LABELS.items()}[r.stage_or_config]
+        out[(int(r.dp), stage)] = float(r.value) / TABLE1_PSI_B  # GB per B params = bytes per param
+    baseline = out.get((1, 1))
+    for dp in {dp for dp, _ in out}:
+        out[(dp, 0)] = baseline
+    return out
+
+
+def memory(records: list[dict]) -> pd.DataFrame:
+    """Fig 1: model-state bytes per parameter per rank, by stage and N_d, against the formula and
+    Table 1's 7.5B column (16-bit runs only: the paper's 2 + 2 + 12 bytes)."""
+    paper = _table1_bytes_per_param()
+    rows = []
+    for r in records:
+        psi, dp, mp, stage = r.get("num_params"), r.get("dp") or 1, r.get("mp") or 1, r.get("stage") or 0
+        state = _state_bytes(r)
+        ours = state / psi if state is not None and psi else None
+        expected = total_model_state_bytes(1.0, stage, dp, mp, PGK.get(r.get("precision"), PGK["fp16"]))
+        p = paper.get((dp, stage)) if r.get("precision") in ("bf16", "fp16") and mp == 1 else None
+        rows.append(dict(
+            key=f"{r['source']} {r.get('model')} {STAGE_LABELS[stage]} N_d={dp}", source=r["source"],
+            status=r["status"], model=r.get("model"), num_params=psi, dp=dp, mp=mp, stage=stage,
+            precision=r.get("precision"), ours=ours, paper=p, expected=expected,
+            error_pct=_error(ours, p if p is not None else expected),
+            reference="Table 1 (7.5B), per parameter" if p is not None else "formula (2+2+K)Ψ/N_d per stage",
+            model_state_bytes=state, rss_growth_bytes=r.get("rss_growth_bytes"),
+            peak_rss_bytes=r.get("peak_rss_bytes"), peak_allocated_bytes=r.get("peak_allocated_bytes"),
+            activation_bytes=r.get("activation_bytes"),
+        ))  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["source", "stage", "dp"], kind="stable")
+
+
+def comm(records: list[dict]) -> pd.DataFrame:
+    """Paper §7: DP traffic per rank per step in units of Ψ(N_d − 1)/N_d: 2, 2, 2, 3 for stages 0–3."""
+    rows = []
+    for r in records:
+        psi, dp, stage = r["num_params"], r["dp"], r["stage"]
+        unit = psi * (dp - 1) / dp
+        per_op = {}
+        for name, entry in (r.get("comm") or {}).items():
+            op, group = name.split("/", 1)
+            if group == "dp":
+                per_op[op] = per_op.get(op, 0.0) + entry["per_step_volume_elements"] / unit
+        ours = sum(per_op.values()) if r["status"] == "ok" else None
+        expected = 3.0 if stage == 3 else 2.0
+        rows.append(dict(
+            key=f"{STAGE_LABELS[stage]} N_d={dp}", source=r["source"], status=r["status"], model=r["model"],
+            num_params=psi, dp=dp, stage=stage, ours=ours, paper=expected, expected=expected,
+            error_pct=_error(ours, expected), reference="paper §7: 2Ψ, 2Ψ, 2Ψ, 3Ψ",
+            **{f"{op}_psi": v for op, v in sorted(per_op.items())},
+        ))  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["dp", "stage"])
+
+
+def _layout(r: dict) -> str:
+    if (r.get("mp") or 1) > 1:
+        return f"MP {r['mp']}"
+    if r["dp"] == 1:
+        return "single process"
+    return f"{'plain DP' if r['stage'] == 0 else 'ZeRO ' + STAGE_LABELS[r['stage']]} (N_d={r['dp']})"
+
+
+def loss(records: list[dict]) -> pd.DataFrame:
+    """Loss per step of each layout beside the single-process run on the same global batches."""
+    ref = next((r for r in records if r["dp"] == 1 and (r.get("mp") or 1) == 1 and r["status"] == "ok"), None)
+    ref_losses = ref["losses"] if ref else []
+    rows = []
+    for r in records:
+        for step, value in enumerate(r.get("losses") or [None]):
+            expected = ref_losses[step] if step < len(ref_losses) else None
+            rows.append(dict(
+                key=f"{_layout(r)} step {step}", layout=_layout(r), source=r["source"], status=r["status"],
+                error=r.get("error"), dp=r["dp"], mp=r.get("mp") or 1, stage=r["stage"], step=step, ours=value,
+                paper=None, expected=expected, error_pct=_error(value, expected), reference="single-process loss",
+                data=r.get("data"),
+            ))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def capacity(records: list[dict]) -> pd.DataFrame:
+    from zerobench.artifacts.capacity import table  # its own module, which takes the helpers above from here
+
+    return table(records)
+
+
+def table1(records: list[dict]) -> pd.DataFrame:
+    """Table 1 cell by cell (zerobench.artifacts.table1): the engine's traced bytes where a traced record
+    has the cell, else the formula's, beside the paper's printed cell."""
+    from zerobench.artifacts.table1 import table1 as cells
+    from zerobench.artifacts.table1 import traced_cells
+
+    df = cells(traced_cells(records))
+    traced = df.traced_gb.notna()
+    ours = df.traced_gb.where(traced, df.formula_gb)
+    return df.assign(
+        key=df.model + " " + df.stage_name + " N_d=" + df.nd.astype(str),
+        source=traced.map({True: "traced", False: "formula"}),
+        status="ok",
+        ours=ours,
+        paper=df.paper_gb,
+        expected=df.formula_gb,
+        error_pct=100 * (ours - df.paper_gb) / df.paper_gb,
+        reference="Table 1 cell (GB, as printed)",
+    )
+
+
+def sweep(records: list[dict]) -> pd.DataFrame:
+    """A sweep of your own (README "Sweep your own"): one row per trial, what ran and how fast,
+    memory per GPU in GB; `oom` and `infeasible` trials are rows with their reason. No paper."""
+    rows = []
+    for r in records:
+        gb = {k: (r.get(f"{k}_bytes") or 0) / 1e9 for k in ("param", "grad", "optimizer", "activation")}
+        rows.append(dict(
+            key=f"{r.get('model')} g{r.get('world_size')} mp{r.get('mp')} z{r.get('stage')} {r.get('hardware') or ''}",
+            source=r["source"], status=r["status"], error=r.get("error"), model=r.get("model"),
+            num_params=r.get("num_params"), hardware=r.get("hardware"), gpus=r.get("world_size"), dp=r.get("dp"),
+            mp=r.get("mp"), stage=r.get("stage"), listed_micro_batch=r.get("listed_micro_batch", r.get("micro_batch")),
+            micro_batch=r.get("micro_batch"), max_micro_batch=r.get("max_micro_batch"), ours=r.get("tflops_per_gpu"),
+            paper=None, error_pct=None, reference="none (your sweep)", step_time_s=r.get("step_time_s"),
+            samples_per_s=r.get("samples_per_s"), model_states_gb=gb["param"] + gb["grad"] + gb["optimizer"],
+            activations_gb=gb["activation"], peak_gb=(r.get("peak_allocated_bytes") or 0) / 1e9,
+        ))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def model_vs_measured(records: list[dict]) -> pd.DataFrame:
+    from zerobench.artifacts.vs_measured import model_vs_measured as build_table
+
+    return build_table(records)
+
+
+def superlinear(records: list[dict]) -> pd.DataFrame:
+    from zerobench.artifacts.superlinear import table  # its own module, which takes STAGE_LABELS from here
+
+    return table(records)
+
+
+FROM_RECORDS = {
+    "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
+    "model_vs_measured": model_vs_measured, "table1": table1,
+}  # fmt: skip
+
+
+def record_paths(paths: list[str]) -> list[Path]:
+    """Record files; a directory (a modelled group's) stands for the records in it, by name."""
+    out = []
+    for p in map(Path, paths):
+        out += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    return out
+
+
+def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame:
+    """The table of `kind` from the record files (or modelled groups' directories) at `paths`.
+    The paper's performance artifacts (zerobench.artifacts.paper_tables) join each record to its trial in
+    `sheet` by file name (<trial id>.json) and keep the sheet's order."""
+    from zerobench.artifacts.paper_tables import BUILDERS
+
+    if kind not in FROM_RECORDS and kind not in BUILDERS:
+        raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, *BUILDERS])}")
+    files = record_paths(paths)
+    if not files:
+        raise ValueError(f"table {kind}: needs record files")
+    if sheet is None:
+        if kind in FROM_RECORDS:
+            return FROM_RECORDS[kind]([read_record(p) for p in files])
+        raise ValueError(f"table {kind}: needs --sheet (its trials say what each record was asked for)")
+    trials = sheets.trials_by_id(sheets.load_sheet(sheet))
+    unknown = [p.name for p in files if p.stem not in trials]
+    if unknown:
+        raise ValueError(f"table {kind}: records of no trial in {sheet}: {unknown[:3]}")
+    rank = {tid: i for i, tid in enumerate(trials)}
+    files.sort(key=lambda p: rank[p.stem])  # the sheet's order
+    if kind in FROM_RECORDS:
+        return FROM_RECORDS[kind]([read_record(p) for p in files])
+    return BUILDERS[kind]([(trials[p.stem], read_record(p)) for p in files])

@@ -1,0 +1,104 @@
+"""The calibrate benchmarks that run the engine itself (`zerobench run` in a fresh process, one
+intra-op thread per rank as the workflow runs its ranks): what a process costs beyond its tensors,
+and what an MP all-reduce costs inside a training step beyond its measured curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
+
+# The MP step benchmark's models: tiny's 2 layers and vocabulary at (hidden, seq, micro-batch),
+# whose activation all-reduces are 128-512 KiB (where the measured curve is flat) and whose compute
+# between two all-reduces spans what cpu-sized models run: ~1, ~5 and ~11 ms here. None is the
+# shape of a trial the model is judged on.
+MP_STEP_SHAPES = ((128, 128, 2), (512, 64, 4), (1024, 32, 4))
+MP_STEP_STEPS = 10  # timed steps per run
+MP_STEP_ROUNDS = 3  # runs of each shape (a smoke profile: 1)
+
+
+def _run(args: list[str]) -> dict:
+    """The record of `zerobench run ARGS` in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "run.json")
+        cmd = [sys.executable, "-m", "zerobench.cli", "run", "--out", out, *args]
+        # both pools: Snakemake sets OMP_ and MKL_NUM_THREADS to a job's threads (calibrate's: 2), and
+        # MKL's GEMMs on two threads per rank took the MP steps' all-reduces from ~2 to 4-10 ms
+        threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, **threads})
+        return json.loads(Path(out).read_text())
+
+
+def runtime_bytes(log) -> tuple[float, float]:
+    """(runtime, checkpointing's runtime): RSS a fresh process gains by running a tiny model's
+    first steps (one rank) beyond the tensors the engine holds at its peak
+    (perfmodel/engine_memory.py): code paged in, thread pools, the allocator's own; and what the
+    same run gains more with activation checkpointing, whose recomputation calls autograd's
+    backward inside backward (on this CPU 34 MiB more for the tiny model, 22-43 MiB at cpu-10m,
+    none of it tensors). Measured under the allocator this process runs with (the workflow's
+    calibrate: glibc; the memory trials it predicts run jemalloc, and the tiny model read the same
+    under both here: 20.3 against 20.7 MiB, 54.0 against 55.2 with checkpointing)."""
+    from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
+    from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
+    from zerobench.runtime import allocator
+
+    model, precision, b = preset("tiny"), PrecisionConfig("fp32", "cpu"), TrainConfig().micro_batch
+    beyond = []
+    for ckpt in (False, True):
+        args = ["--model", model.name, "--precision", "fp32", "--micro-batch", str(b), "--steps", "2", "--warmup",
+                "1", "--allocator", allocator.in_use(), *(["--checkpoint-activations"] if ckpt else [])]  # fmt: skip
+        growth = _run(args)["rss_growth_bytes"]
+        peak = engine_peak(model, ParallelConfig(checkpoint_activations=ckpt), precision, b,
+                           PROFILES["v100-32gb-dgx2"])  # fmt: skip
+        beyond.append(max(0.0, growth - tensor_peak(peak)))
+    runtime, ckpt = beyond[0], max(0.0, beyond[1] - beyond[0])
+    log(f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors (tiny model), "
+        f"{ckpt / 2**20:.1f} MiB more with activation checkpointing")  # fmt: skip
+    return runtime, ckpt
+
+
+def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -> list[list[float]]:
+    """Rows (MP group size 2, seconds of compute between two MP all-reduces as `profile` models it,
+    seconds each all-reduce takes beyond `profile`'s measured curve) of the engine's own MP 2 steps,
+    one row per shape of MP_STEP_SHAPES: the median over `rounds` runs of each, the shapes taking
+    turns. On this 2-core host an all-reduce inside a step costs more than the same one called back
+    to back (the curve): 0.5-2 ms more at 1-11 ms of compute between calls (2 Dec 2026). Why is not
+    known: no benchmark of matmuls, element-wise passes or an MLP's forward and backward followed
+    by an all-reduce reproduced it (docs/perfmodel.md), so the engine's own MP step measures it, at
+    shapes no judged trial has. One shape's runs read 1.2-3.0 ms per all-reduce over an hour,
+    hence rounds in turn and medians.
+    Raises if the engine ran another number of MP all-reduces than the model counts
+    (perfmodel/network.py, `mp_calls_per_step`)."""
+    from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
+    from zerobench.perfmodel import network, predict
+
+    curve_only = dataclasses.replace(profile, sync_table=(), mp_sync_table=())
+    calls = network.mp_calls_per_step(preset("tiny").layers, False, 1)
+    shapes = []
+    for hidden, seq, b in MP_STEP_SHAPES:
+        model = dataclasses.replace(preset("tiny"), hidden=hidden, seq=seq)
+        modelled = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b),
+                           curve_only)  # fmt: skip
+        shapes.append((model, b, modelled, []))
+    for i in range(rounds):
+        for model, b, modelled, per_call in shapes:
+            args = ["--model", model.name, "--seq", str(model.seq), "--hidden", str(model.hidden), "--mp", "2",
+                    "--precision", "fp32", "--micro-batch", str(b), "--steps", str(MP_STEP_STEPS)]  # fmt: skip
+            record = _run(args)
+            entry = record["comm"]["all_reduce/mp"]
+            ran = entry["calls"] / record["steps"]
+            if ran != calls:
+                raise RuntimeError(f"the engine ran {ran:g} MP all-reduces per step; the model counts {calls}")
+            per_call.append(entry["seconds"] / record["steps"] / calls)
+            log(f"MP step h{model.hidden} s{model.seq} b{b} ({i + 1}/{rounds}): {per_call[-1] * 1e3:.2f} ms per "
+                f"all-reduce; the curve gives {modelled.mp_comm_s / calls * 1e3:.2f}")  # fmt: skip
+    return [[2, modelled.compute_s / calls, max(0.0, statistics.median(per_call) - modelled.mp_comm_s / calls)]
+            for _, _, modelled, per_call in shapes]  # fmt: skip

@@ -1,0 +1,83 @@
+"""Many modelled trials in one process: one Snakemake job per sheet group, one record per trial
+(issue 15 item 9). A `zerobench model` process spends ~0.2 s importing; a prediction takes about
+a millisecond, so a group of a thousand trials costs about what one process does.
+
+    zerobench sweep SHEET --group N [--smoke] --outdir DIR   # DIR/<trial id>.json per trial
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from zerobench.config import ConfigError
+from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.results import write_record
+from zerobench.sweeps import sheets
+from zerobench.sweeps.search import searched
+from zerobench.trial import new_record
+
+_PARSER: list[argparse.ArgumentParser] = []  # the CLI's parser, built once per process
+
+
+def modelled(args: argparse.Namespace, cal: Calibration = DEFAULT) -> dict:
+    """The modelled record of parsed `zerobench model` arguments, under their batch/depth policy;
+    `--zero-os` models P_os as ZeRO-OS (calibration.zero_os_stage1)."""
+    from zerobench.cli_args import configs
+    from zerobench.perfmodel import model_record
+
+    if args.zero_os:
+        cal = cal.replace(zero_os_stage1=True)
+    return searched(
+        args,
+        lambda a: model_record(*configs(a), a.hardware, a.gpus_per_node, cal, attention=a.attention or "materialized"),
+    )
+
+
+def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
+    """One sheet trial through the performance model: its record, `infeasible` where the layout
+    cannot exist (the message names the field)."""
+    if not _PARSER:
+        from zerobench.cli import parser
+
+        _PARSER.append(parser())
+    args = _PARSER[0].parse_args(["model", *sheets.trial_flags(trial)])
+    try:
+        return modelled(args, cal)
+    except ConfigError as exc:
+        fields = {k: trial.get(k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch", "hardware")}
+        return new_record("modelled", status="infeasible", error=str(exc), **fields)
+
+
+def model_group(trials: list[dict], outdir: str | os.PathLike, cal: Calibration = DEFAULT) -> list[Path]:
+    """Every trial of a modelled group into `outdir`/<trial id>.json."""
+    paths = []
+    for trial in trials:
+        if trial["source"] != "modelled":
+            raise ConfigError(f"source={trial['source']!r}: `zerobench sweep` runs modelled groups only")
+        path = Path(outdir) / f"{sheets.trial_id(trial)}.json"
+        write_record(model_trial(trial, cal), path)
+        paths.append(path)
+    return paths
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    sheet = sheets.load_sheet(args.sheet)
+    groups = sheets.sheet_trials(sheet, args.smoke)
+    picked = range(len(groups)) if args.group is None else [args.group]
+    if any(not 0 <= g < len(groups) for g in picked):
+        raise ConfigError(f"group={args.group}: the sheet has groups 0-{len(groups) - 1}")
+    trials = [t for g in picked for t in groups[g] if t["source"] == "modelled"]
+    Path(args.outdir).mkdir(parents=True, exist_ok=True)
+    paths = model_group(trials, args.outdir)
+    print(f"{len(paths)} modelled records in {args.outdir}")
+    return 0
+
+
+def sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sheet", help="a sheet: its name (workflows/config/sheets/NAME.yaml) or a path")
+    p.add_argument("--group", type=int, help="the group's index in the sheet (default: every modelled group)")
+    p.add_argument("--smoke", action="store_true", help="apply the groups' smoke overrides")
+    p.add_argument("--outdir", required=True, help="one record per trial goes here, as <trial id>.json")
+    p.set_defaults(fn=cmd_sweep)

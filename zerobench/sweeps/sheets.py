@@ -1,0 +1,178 @@
+"""A sheet of trials (workflows/config/sheets/<artifact>.yaml): its groups expanded into trials,
+each trial's id and its `zerobench run|trace|model` flags. Pure Python and YAML: the workflow
+imports it at parse time, so dry runs stay light.
+
+A group is `source` (measured, traced or modelled) with `base` fields, optional `cases` (a list
+of field mappings, each laid over `base`: points that differ in several fields at once, like the
+paper's per-size runs) and an optional `grid` (field -> values, the cartesian product over each
+case). Unknown fields fail here, naming the field, before any trial runs.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+from pathlib import Path
+
+import yaml
+
+from zerobench.config import ConfigError
+
+SHEET_DIR = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
+SOURCES = ("measured", "traced", "modelled")
+
+# Trial field -> (tag in the trial id, flag of `zerobench run|trace|model`), in id order. The
+# first block's order is that of the committed records' ids: append new fields, never insert.
+FIELDS: dict[str, tuple[str, str | None]] = {
+    "model": ("", "--model"),
+    "layers": ("L", "--layers"),
+    "hidden": ("h", "--hidden"),
+    "heads": ("a", "--heads"),
+    "seq": ("s", "--seq"),
+    "vocab": ("v", "--vocab"),
+    "gpus": ("g", "--gpus"),
+    "dp": ("dp", "--dp"),
+    "mp": ("mp", "--mp"),
+    "stage": ("z", "--stage"),
+    "precision": ("", "--precision"),
+    "micro_batch": ("b", "--micro-batch"),
+    "grad_accum": ("ga", "--grad-accum"),
+    "checkpoint_activations": ("ckpt", "--checkpoint-activations"),
+    "bucket_mb": ("cb", "--bucket-mb"),
+    "steps": ("n", "--steps"),
+    "warmup": ("w", "--warmup"),
+    "seed": ("seed", "--seed"),
+    "data": ("", "--data"),
+    "mem_cap_mb": ("cap", "--mem-cap-mb"),
+    "hardware": ("", "--hardware"),
+    # the paper's run choices (issue 15): C1-C5, ZeRO-R switches, how the batch / depth is chosen
+    "zero_config": ("", "--zero-config"),
+    "partition_activations": ("pa", "--partition-activations"),
+    "offload_activations": ("pacpu", "--offload-activations"),
+    "contiguous_buffers": ("md", "--contiguous-buffers"),
+    "micro_batch_policy": ("bpol-", "--micro-batch-policy"),
+    "layers_policy": ("Lpol-", "--layers-policy"),
+    "zero_os": ("zeroos", "--zero-os"),
+    "attention": ("attn-", "--attention"),
+    "states_only": ("states", "--states-only"),
+    "allocator": ("", "--allocator"),
+    # a name for the point in the artifact's table (e.g. "Fig 2 ZeRO 8B"); not a flag
+    "label": (None, None),
+    # the same measured trial run again (1, 2, ...): its own record, for a table that takes the
+    # median over the runs, at the times the workflow happens to schedule them; not a flag
+    "repeat": ("rep", None),
+}
+GROUP_KEYS = ("source", "base", "cases", "grid", "smoke")
+
+
+def _check_fields(fields, where: str) -> None:
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where}: must be a mapping of trial fields, got {fields!r}")
+    unknown = [k for k in fields if k not in FIELDS]
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; trial fields are {sorted(FIELDS)}")
+
+
+def check_sheet(sheet: dict, name: str) -> None:
+    """Refuse unknown group keys and trial fields, naming them (the JSON schema in
+    workflows/schemas/sheet.schema.yaml says the same for Snakemake)."""
+    for i, group in enumerate(sheet.get("trials") or []):
+        where = f"sheet {name}, group {i}"
+        unknown = [k for k in group if k not in GROUP_KEYS]
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a group has {list(GROUP_KEYS)}")
+        if group.get("source") not in SOURCES:
+            raise ConfigError(f"{where}: source={group.get('source')!r}; choose one of {list(SOURCES)}")
+        _check_fields(group.get("base", {}), f"{where}, base")
+        _check_fields(group.get("grid", {}), f"{where}, grid")
+        for j, case in enumerate(group.get("cases") or []):
+            _check_fields(case, f"{where}, case {j}")
+        smoke = group.get("smoke")
+        if isinstance(smoke, dict):
+            for part in ("base", "grid"):
+                _check_fields(smoke.get(part, {}), f"{where}, smoke {part}")
+
+
+def load_sheet(name_or_path: str | Path) -> dict:
+    """A sheet by artifact name (from SHEET_DIR) or path, checked."""
+    path = Path(name_or_path)
+    if path.suffix != ".yaml":
+        path = SHEET_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise ConfigError(f"sheet={str(name_or_path)!r}: no sheet at {path}")
+    with open(path) as f:
+        sheet = yaml.safe_load(f)
+    check_sheet(sheet, path.stem)
+    return sheet
+
+
+def expand_group(group: dict, smoke: bool = False) -> list[dict]:
+    """The trials of one group: each case over the base, times the grid (smoke overrides applied)."""
+    base, grid = dict(group.get("base", {})), dict(group.get("grid", {}))
+    override = group.get("smoke", {})
+    if smoke and override is False:
+        return []
+    if smoke:
+        for key, value in override.get("base", {}).items():
+            base[key] = value
+            grid.pop(key, None)
+        for key, values in override.get("grid", {}).items():
+            grid[key] = values
+            base.pop(key, None)
+    trials = []
+    for case in group.get("cases") or [{}]:
+        for combo in product(*grid.values()):
+            trials.append(dict(source=group["source"], **{**base, **case, **dict(zip(grid, combo, strict=True))}))
+    return trials
+
+
+def trial_id(trial: dict) -> str:
+    """A readable, unique name: the source, then each set field as tag + value."""
+    parts = []
+    for name, (tag, _) in FIELDS.items():
+        value = trial.get(name)
+        if tag is None or value is None or value is False:
+            continue
+        if value is True:
+            parts.append(tag)
+        else:
+            parts.append(f"{tag}{Path(str(value)).stem if name == 'data' else value}")
+    return f"{trial['source']}_" + "-".join(parts)
+
+
+# Fields only the performance model reads: a measured trial runs on whatever the cluster has,
+# and the engine has its own stage 1 and attention. A traced trial cannot run out of memory, so
+# it takes no batch or depth policy.
+MODEL_ONLY = ("hardware", "zero_os", "attention")
+TRACE_ONLY = ("states_only",)
+MEASURED_ONLY = ("allocator",)  # the host allocator a real run's RSS depends on (zerobench/runtime/allocator.py)
+NOT_TRACED = ("micro_batch_policy", "layers_policy")
+
+
+def trial_flags(trial: dict) -> list[str]:
+    """The trial's command-line flags for its source's command (world size from the sheet, never
+    from resources; `--gpus` sets dp = gpus / mp, and a layout where that fails is infeasible)."""
+    source = trial["source"]
+    skip = (MODEL_ONLY if source != "modelled" else ()) + (NOT_TRACED if source == "traced" else ())
+    skip += TRACE_ONLY if source != "traced" else ()
+    skip += MEASURED_ONLY if source != "measured" else ()
+    flags = []
+    for name, (_, flag) in FIELDS.items():
+        value = trial.get(name)
+        if flag is None or value is None or value is False or name in skip:
+            continue
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def world_size(trial: dict) -> int:
+    return trial.get("gpus") or trial.get("dp", 1) * trial.get("mp", 1)
+
+
+def sheet_trials(sheet: dict, smoke: bool = False) -> list[list[dict]]:
+    """Per group, its trials (an empty list for a group dropped from smoke runs)."""
+    return [expand_group(group, smoke) for group in sheet.get("trials") or []]
+
+
+def trials_by_id(sheet: dict) -> dict[str, dict]:
+    """Every trial of the sheet, at full and smoke scale, by id: the table joins records to them."""
+    return {trial_id(t): t for smoke in (False, True) for group in sheet_trials(sheet, smoke) for t in group}
