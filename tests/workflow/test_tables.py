@@ -90,7 +90,7 @@ def test_capacity_reads_the_budget_crossing_between_the_trials_either_side(monke
 
 
 def test_capacity_judges_the_calibrated_model_against_the_measured_crossing():
-    from zerobench.artifacts.capacity import table
+    from zerobench.artifacts.capacity import capacity
 
     shape = dict(
         model="tiny", hidden=256, heads=8, seq=128, vocab=256, mp=1, bucket_bytes=2**21, micro_batch=1,
@@ -99,7 +99,7 @@ def test_capacity_judges_the_calibrated_model_against_the_measured_crossing():
     )  # fmt: skip
     recs = [record(1, 4, **shape, layers=n, num_params=789_760 * n + 99_072, rss_growth_bytes=mib * 2**20,
                    status="ok" if mib <= 192 else "oom") for n, mib in ((14, 167), (16, 188), (18, 209))]  # fmt: skip
-    df = table(recs, calibrated=(lambda r: (10 * r["layers"] + 20) * 2**20, lambda r: 16.5e6))
+    df = capacity(recs, calibrated=(lambda r: (10 * r["layers"] + 20) * 2**20, lambda r: 16.5e6))
     row = df[df.kind == "largest"].iloc[0]
     # measured: 192 MiB is 4/21 of the way from 16 layers (188 MiB) to 18 (209 MiB)
     measured = 789_760 * (16 + 2 * 4 / 21) + 99_072

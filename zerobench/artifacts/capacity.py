@@ -15,10 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from zerobench.artifacts.tables import (  # capacity is one of tables' artifacts, in a module of its own
-    _error,
-    _state_bytes,
-)
+from zerobench.artifacts.common import error_pct, state_bytes
 from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
 
@@ -53,7 +50,7 @@ def measured_largest(trials: pd.DataFrame, cap: float) -> tuple[float | None, st
     return float(np.interp(cap, peaks, params)), "ok"
 
 
-def table(records: list[dict], calibrated: tuple | None = None) -> pd.DataFrame:
+def capacity(records: list[dict], calibrated: tuple | None = None) -> pd.DataFrame:
     """Per stage the largest model (kind `largest`, millions of parameters): the calibrated model's
     (`ours`) against the measured crossing (`expected`), the formula's beside; then one row per
     trial (kind `trial`): the model's peak memory against the measured peak RSS growth (MiB).
@@ -69,9 +66,9 @@ def table(records: list[dict], calibrated: tuple | None = None) -> pd.DataFrame:
             key=f"{STAGE_LABELS[r['stage']]} L={r['layers']}: peak memory (MiB)", kind="trial",
             source="modelled vs measured" if predicted is not None else r["source"], status=r["status"],
             error=r.get("error"), stage=r["stage"], dp=r["dp"], layers=r["layers"], num_params=r["num_params"],
-            mem_cap_bytes=r.get("mem_cap_bytes"), model_state_bytes=_state_bytes(r), rss_growth_bytes=measured,
+            mem_cap_bytes=r.get("mem_cap_bytes"), model_state_bytes=state_bytes(r), rss_growth_bytes=measured,
             allocator=r.get("allocator"), ours=predicted, expected=measured / MiB if measured else None,
-            error_pct=_error(predicted, measured / MiB if measured else None),
+            error_pct=error_pct(predicted, measured / MiB if measured else None),
         ))  # fmt: skip
     trials = pd.DataFrame(rows)
     summary = []
@@ -88,9 +85,10 @@ def table(records: list[dict], calibrated: tuple | None = None) -> pd.DataFrame:
             source="modelled vs measured", status=status, stage=stage, dp=record["dp"], mem_cap_bytes=cap,
             num_params=sub[sub.status == "ok"].num_params.max(), measured_params=largest, ours=predicted,
             expected=largest / 1e6 if largest else None, formula=cap / bytes_per_param / 1e6,
-            error_pct=_error(predicted, largest / 1e6 if largest else None),
+            error_pct=error_pct(predicted, largest / 1e6 if largest else None),
             reference="measured: the budget crossed between the deepest trial that trained and the next",
         ))  # fmt: skip
     df = pd.concat([pd.DataFrame(summary), trials], ignore_index=True)
     df["paper"] = None  # the paper's sizes are at N_d = 64 and 32 GB: the sheet's text, not a point here
+    df["role"] = "judged"  # the calibrated model (no constant fitted on these trials) against measured memory
     return df

@@ -1,6 +1,14 @@
-"""Shared pieces of the artifact tables: paper look-ups, error rows, MAPE."""
+"""Shared pieces of the artifact tables: paper look-ups, error rows, MAPE, a record's model states,
+and the one rule of every verdict: the role each row plays, and that a verdict reads judged rows only.
+
+Every artifact table has a `role` column (ROLES). A verdict, its counts and its mean and worst
+error are computed over the `judged` rows alone (`judged`); rows of the other roles are shown and
+counted apart (`role_counts`), and cannot move a verdict. Fitted points are listed in
+perfmodel/constants.py (`FITTED`, `FIT_SET`) and docs/perfmodel.md ("Calibration")."""
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
@@ -24,17 +32,76 @@ def paper(artifact: str, metric: str, column: str = "value", **where) -> float |
     return float(vals.iloc[0]) if len(vals) else None
 
 
-def row(artifact, key, ours, paper_value, source="modelled", **cols) -> dict:
+def error_pct(ours, ref) -> float | None:
+    """100 (ours - ref) / ref, or None where either is missing (None or NaN) or ref is 0."""
+    if ours is None or ref is None or not ref or any(isinstance(v, float) and math.isnan(v) for v in (ours, ref)):
+        return None
+    return 100.0 * (ours - ref) / ref
+
+
+def state_bytes(record: dict) -> float | None:
+    """A record's model states per rank (parameters + gradients + optimizer states, bytes), None
+    where one of them is missing."""
+    parts = [record.get(k) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")]
+    return None if any(p is None for p in parts) else float(sum(parts))
+
+
+# What a row's error says, and so whether a verdict counts it. Only `judged` rows are counted.
+ROLES = {
+    "judged": "ours against an independent reference that nothing of ours was fitted on",
+    "fitted": "a point the model's constants were fitted on (constants.FITTED), or a prediction that "
+    "carries a term fitted on runs like it: its error shows the fit, not the model",
+    "formula": "theory against theory: the paper's formula at our scale beside the paper's own number",
+    "reference": "a run compared with itself (the reference every other row is compared with)",
+    "derived": "a ratio or multiple of other rows of the table (named in `derived_from`)",
+}
+JUDGED = "judged"
+
+
+def role_of(artifact: str, key: str, role: str = JUDGED) -> str:
+    """`fitted` for a point of the fit set (constants.FIT_SET), else `role`."""
+    return "fitted" if (artifact, key) in FIT_SET else role
+
+
+def row(artifact, key, ours, paper_value, source="modelled", role=JUDGED, **cols) -> dict:
+    """One compared point; its role is `fitted` where (artifact, key) is in the fit set."""
     err = None if paper_value in (None, 0) or ours is None else 100.0 * (ours - paper_value) / paper_value
     return dict(artifact=artifact, key=key, ours=ours, paper=paper_value, error_pct=err, source=source,
-                fit=(artifact, key) in FIT_SET, **cols)  # fmt: skip
+                role=role_of(artifact, key, role), **cols)  # fmt: skip
+
+
+def check_roles(df: pd.DataFrame, name: str = "table") -> None:
+    """Refuse a table without a `role` column, or with a role outside ROLES, naming it."""
+    if "role" not in df:
+        raise ValueError(f"{name}: no `role` column (one of {sorted(ROLES)} per row)")
+    bad = sorted(set(df["role"].dropna().astype(str)) - set(ROLES))
+    if bad or df["role"].isna().any():
+        raise ValueError(f"{name}: role must be one of {sorted(ROLES)}, got {bad or ['(empty)']}")
+
+
+def compared(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that have an error (a number of ours beside a reference)."""
+    return df[df["error_pct"].notna()] if "error_pct" in df else df.iloc[0:0]
+
+
+def judged(df: pd.DataFrame, name: str = "table") -> pd.DataFrame:
+    """The rows a verdict reads: compared rows whose role is `judged`."""
+    check_roles(df, name)
+    rows = compared(df)
+    return rows[rows["role"] == JUDGED]
+
+
+def role_counts(df: pd.DataFrame, name: str = "table") -> dict[str, int]:
+    """Compared rows per role, in ROLES' order, roles without rows left out."""
+    check_roles(df, name)
+    counts = compared(df)["role"].value_counts()
+    return {role: int(counts[role]) for role in ROLES if role in counts}
 
 
 def mape(df: pd.DataFrame, judged_only: bool = False) -> tuple[float, float, int]:
-    """(mean |error| %, max |error| %, points) over the rows that have an error."""
-    rows = df[df["error_pct"].notna()]
-    if judged_only and "fit" in rows:
-        rows = rows[~rows["fit"].astype(bool)]
+    """(mean |error| %, max |error| %, points) over the rows that have an error; with
+    `judged_only`, over the judged rows alone (`judged`): what a verdict reads."""
+    rows = judged(df) if judged_only else compared(df)
     if rows.empty:
         return float("nan"), float("nan"), 0
     err = rows["error_pct"].astype(float).abs()

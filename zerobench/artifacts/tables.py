@@ -10,11 +10,17 @@ zerobench.artifacts.paper_tables from their records and sheets. No torch import.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
 
+from zerobench.artifacts.capacity import capacity
+from zerobench.artifacts.common import error_pct, state_bytes
+from zerobench.artifacts.paper_tables import BUILDERS
+from zerobench.artifacts.superlinear import table as superlinear
+from zerobench.artifacts.table1 import table1 as table1_cells
+from zerobench.artifacts.table1 import traced_cells
+from zerobench.artifacts.vs_measured import model_vs_measured
 from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
 from zerobench.results import load_paper_reference, read_record
@@ -22,17 +28,6 @@ from zerobench.sweeps import sheets
 
 PGK = BYTES_PER_PARAM  # bytes per parameter, paper §3.1
 TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters
-
-
-def _error(ours, ref) -> float | None:
-    if ours is None or ref is None or not ref or any(isinstance(v, float) and math.isnan(v) for v in (ours, ref)):
-        return None
-    return 100.0 * (ours - ref) / ref
-
-
-def _state_bytes(r: dict) -> float | None:
-    parts = [r.get(k) for k in ("param_bytes", "grad_bytes", "optimizer_bytes")]
-    return None if any(p is None for p in parts) else float(sum(parts))
 
 
 def _table1_bytes_per_param() -> dict[tuple[int, int], float]:
@@ -57,7 +52,7 @@ def memory(records: list[dict]) -> pd.DataFrame:
     rows = []
     for r in records:
         psi, dp, mp, stage = r.get("num_params"), r.get("dp") or 1, r.get("mp") or 1, r.get("stage") or 0
-        state = _state_bytes(r)
+        state = state_bytes(r)
         ours = state / psi if state is not None and psi else None
         expected = total_model_state_bytes(1.0, stage, dp, mp, PGK.get(r.get("precision"), PGK["fp16"]))
         p = paper.get((dp, stage)) if r.get("precision") in ("bf16", "fp16") and mp == 1 else None
@@ -65,8 +60,9 @@ def memory(records: list[dict]) -> pd.DataFrame:
             key=f"{r['source']} {r.get('model')} {STAGE_LABELS[stage]} N_d={dp}", source=r["source"],
             status=r["status"], model=r.get("model"), num_params=psi, dp=dp, mp=mp, stage=stage,
             precision=r.get("precision"), ours=ours, paper=p, expected=expected,
-            error_pct=_error(ours, p if p is not None else expected),
+            error_pct=error_pct(ours, p if p is not None else expected),
             reference="Table 1 (7.5B), per parameter" if p is not None else "formula (2+2+K)Ψ/N_d per stage",
+            role="formula" if r["source"] == "modelled" else "judged",  # the model's states are the formula
             model_state_bytes=state, rss_growth_bytes=r.get("rss_growth_bytes"),
             peak_rss_bytes=r.get("peak_rss_bytes"), peak_allocated_bytes=r.get("peak_allocated_bytes"),
             activation_bytes=r.get("activation_bytes"),
@@ -90,7 +86,7 @@ def comm(records: list[dict]) -> pd.DataFrame:
         rows.append(dict(
             key=f"{STAGE_LABELS[stage]} N_d={dp}", source=r["source"], status=r["status"], model=r["model"],
             num_params=psi, dp=dp, stage=stage, ours=ours, paper=expected, expected=expected,
-            error_pct=_error(ours, expected), reference="paper §7: 2Ψ, 2Ψ, 2Ψ, 3Ψ",
+            error_pct=error_pct(ours, expected), reference="paper §7: 2Ψ, 2Ψ, 2Ψ, 3Ψ", role="judged",
             **{f"{op}_psi": v for op, v in sorted(per_op.items())},
         ))  # fmt: skip
     return pd.DataFrame(rows).sort_values(["dp", "stage"])
@@ -115,25 +111,17 @@ def loss(records: list[dict]) -> pd.DataFrame:
             rows.append(dict(
                 key=f"{_layout(r)} step {step}", layout=_layout(r), source=r["source"], status=r["status"],
                 error=r.get("error"), dp=r["dp"], mp=r.get("mp") or 1, stage=r["stage"], step=step, ours=value,
-                paper=None, expected=expected, error_pct=_error(value, expected), reference="single-process loss",
+                paper=None, expected=expected, error_pct=error_pct(value, expected), reference="single-process loss",
+                role="reference" if r is ref else "judged",  # the single-process run beside itself
                 data=r.get("data"),
             ))  # fmt: skip
     return pd.DataFrame(rows)
 
 
-def capacity(records: list[dict]) -> pd.DataFrame:
-    from zerobench.artifacts.capacity import table  # its own module, which takes the helpers above from here
-
-    return table(records)
-
-
 def table1(records: list[dict]) -> pd.DataFrame:
     """Table 1 cell by cell (zerobench.artifacts.table1): the engine's traced bytes where a traced record
     has the cell, else the formula's, beside the paper's printed cell."""
-    from zerobench.artifacts.table1 import table1 as cells
-    from zerobench.artifacts.table1 import traced_cells
-
-    df = cells(traced_cells(records))
+    df = table1_cells(traced_cells(records))
     traced = df.traced_gb.notna()
     ours = df.traced_gb.where(traced, df.formula_gb)
     return df.assign(
@@ -160,23 +148,11 @@ def sweep(records: list[dict]) -> pd.DataFrame:
             num_params=r.get("num_params"), hardware=r.get("hardware"), gpus=r.get("world_size"), dp=r.get("dp"),
             mp=r.get("mp"), stage=r.get("stage"), listed_micro_batch=r.get("listed_micro_batch", r.get("micro_batch")),
             micro_batch=r.get("micro_batch"), max_micro_batch=r.get("max_micro_batch"), ours=r.get("tflops_per_gpu"),
-            paper=None, error_pct=None, reference="none (your sweep)", step_time_s=r.get("step_time_s"),
+            paper=None, error_pct=None, reference="none (your sweep)", role="judged", step_time_s=r.get("step_time_s"),
             samples_per_s=r.get("samples_per_s"), model_states_gb=gb["param"] + gb["grad"] + gb["optimizer"],
             activations_gb=gb["activation"], peak_gb=(r.get("peak_allocated_bytes") or 0) / 1e9,
         ))  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def model_vs_measured(records: list[dict]) -> pd.DataFrame:
-    from zerobench.artifacts.vs_measured import model_vs_measured as build_table
-
-    return build_table(records)
-
-
-def superlinear(records: list[dict]) -> pd.DataFrame:
-    from zerobench.artifacts.superlinear import table  # its own module, which takes STAGE_LABELS from here
-
-    return table(records)
 
 
 FROM_RECORDS = {
@@ -197,8 +173,6 @@ def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame
     """The table of `kind` from the record files (or modelled groups' directories) at `paths`.
     The paper's performance artifacts (zerobench.artifacts.paper_tables) join each record to its trial in
     `sheet` by file name (<trial id>.json) and keep the sheet's order."""
-    from zerobench.artifacts.paper_tables import BUILDERS
-
     if kind not in FROM_RECORDS and kind not in BUILDERS:
         raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, *BUILDERS])}")
     files = record_paths(paths)

@@ -10,7 +10,6 @@ prints MAPE per source and hardware, per split, and the worst rows.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -77,23 +76,6 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
-def leave_one_source_out(hardware: str = "a100-80gb", cal: Calibration = DEFAULT) -> pd.DataFrame:
-    """Per source of `hardware`: its constants fitted on the other sources' fit rows only, then
-    this source's validation rows judged (minutes: one fit per source)."""
-    from zerobench.fitting.fit import fit_hardware
-
-    df = pd.read_csv(DATA)
-    sources = sorted(df[df.hardware == hardware].source.unique())
-    rows = []
-    for held in sources:
-        others = tuple(s for s in sources if s != held)
-        fitted = cal.replace(per_hardware={**cal.per_hardware, hardware: fit_hardware(hardware, cal, sources=others)})
-        judged = validate(fitted, rows=df[(df.hardware == hardware) & (df.source == held) & (df.split == "validation")])
-        rows.append(dict(hardware=hardware, held_out=held, fitted_on=", ".join(others), points=len(judged),
-                         mape_pct=judged.error_pct.abs().mean(), max_pct=judged.error_pct.abs().max()))  # fmt: skip
-    return pd.DataFrame(rows)
-
-
 if __name__ == "__main__":
     rows = validate()
     with pd.option_context("display.width", 200, "display.max_columns", 20):
@@ -102,5 +84,3 @@ if __name__ == "__main__":
         print(worst[["source", "model", "hardware", "gpus", "mp", "seq", "micro_batch", "value", "predicted",
                      "error_pct", "model_fits"]].round(2).to_string(index=False))  # fmt: skip
         print(f"model says out of memory for {int((~rows.model_fits).sum())} of {len(rows)} runs that trained")
-        if "--loso" in sys.argv:
-            print(leave_one_source_out().round(1).to_string(index=False))

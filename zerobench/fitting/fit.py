@@ -14,6 +14,7 @@ import sys
 import pandas as pd
 
 from zerobench.artifacts.modelled import ARTIFACTS
+from zerobench.fitting.external import DATA, validate
 from zerobench.perfmodel.constants import DEFAULT, FITTED, GEMM_EFF_MEASURED, Calibration
 from zerobench.perfmodel.hardware import GiB
 
@@ -75,8 +76,6 @@ HARDWARE_KNOBS = ("tokens_half", "elementwise_traffic")
 def hardware_objective(cal: Calibration, hardware: str, sources: tuple[str, ...] = ()) -> float:
     """Mean |error| in % over the `fit` rows of `hardware` in the external runs (external.py),
     of `sources` only when given (leave-one-source-out)."""
-    from zerobench.fitting.external import DATA, validate
-
     rows = pd.read_csv(DATA)
     rows = rows[(rows.split == "fit") & (rows.hardware == hardware)]
     if sources:
@@ -101,6 +100,21 @@ def fit_hardware(hardware: str, start: Calibration = DEFAULT, iters: int = 120, 
     return {**measured, **dict(zip(HARDWARE_KNOBS, x, strict=False))}
 
 
+def leave_one_source_out(hardware: str = "a100-80gb", cal: Calibration = DEFAULT) -> pd.DataFrame:
+    """Per source of `hardware`: its constants fitted on the other sources' fit rows only, then
+    this source's validation rows judged (minutes: one fit per source)."""
+    df = pd.read_csv(DATA)
+    sources = sorted(df[df.hardware == hardware].source.unique())
+    rows = []
+    for held in sources:
+        others = tuple(s for s in sources if s != held)
+        fitted = cal.replace(per_hardware={**cal.per_hardware, hardware: fit_hardware(hardware, cal, sources=others)})
+        judged = validate(fitted, rows=df[(df.hardware == hardware) & (df.source == held) & (df.split == "validation")])
+        rows.append(dict(hardware=hardware, held_out=held, fitted_on=", ".join(others), points=len(judged),
+                         mape_pct=judged.error_pct.abs().mean(), max_pct=judged.error_pct.abs().max()))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
     """Re-fit the fitted constants on FIT_SET: memory first (scans), then the throughput knobs
     (Nelder–Mead on the mean |error| of their points, inside physical bounds). Minutes."""
@@ -119,6 +133,10 @@ def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--loso"]:
+        with pd.option_context("display.width", 200):
+            print(leave_one_source_out().round(1).to_string(index=False))
+        raise SystemExit(0)
     if len(sys.argv) > 1:  # python -m zerobench.fitting.fit a100-80gb h100-80gb
         for name in sys.argv[1:]:
             print(f"{name!r}: {fit_hardware(name)!r},")

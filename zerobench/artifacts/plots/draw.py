@@ -15,11 +15,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from zerobench.artifacts.plots.paper import FIGURES  # noqa: E402
+from zerobench.artifacts.plots.scaling import fig3, superlinear  # noqa: E402
+from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER  # noqa: E402
 from zerobench.config import STAGE_LABELS  # noqa: E402
-
-COLORS = {0: "tab:gray", 1: "tab:blue", 2: "tab:orange", 3: "tab:green"}
-MARKERS = {"measured": "o", "traced": "s", "modelled": "D", "formula": "^"}
-PAPER = dict(marker="o", facecolors="none", edgecolors="black", s=90, linewidths=1.3, zorder=5)
 
 
 def _paper_points(ax, x, y, label="paper") -> None:
@@ -132,10 +131,6 @@ def compare(df: pd.DataFrame, fig, source_label: str) -> None:
 
 def plot(kind: str, table: str, out: str, title: str = "") -> None:
     """Draw the figure of `kind` from the CSV `table` into the PNG `out`."""
-    # Imported here: those modules take their shared style from this one.
-    from zerobench.artifacts.plots.paper import FIGURES
-    from zerobench.artifacts.plots.scaling import fig3, superlinear
-
     df = pd.read_csv(table)
     draw = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "fig3": fig3,
             "superlinear": superlinear, **FIGURES}  # fmt: skip

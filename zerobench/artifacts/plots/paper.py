@@ -15,8 +15,9 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.patches import Patch
 
-from zerobench.artifacts.plots.draw import COLORS as STAGE_COLORS
-from zerobench.artifacts.plots.draw import PAPER, STAGE_LABELS
+from zerobench.artifacts.plots.style import COLORS as STAGE_COLORS
+from zerobench.artifacts.plots.style import PAPER
+from zerobench.config import STAGE_LABELS
 
 HATCH = {"measured": "", "traced": "..", "modelled": "//", "formula": "xx"}
 SERIES_COLORS = ["tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:red", "tab:purple"]

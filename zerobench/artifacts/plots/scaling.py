@@ -7,7 +7,8 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from zerobench.artifacts.plots.draw import COLORS, MARKERS, PAPER, STAGE_LABELS
+from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER
+from zerobench.config import STAGE_LABELS
 
 
 def _log2_axis(ax, ticks) -> None:
