@@ -3,11 +3,10 @@ constants: measured GEMM efficiency, the rest fitted on the GPU's own runs (docs
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.fitting.external import CODE, DATA, summary, validate
+from zerobench.fitting.external import CODE, load, summary, validate
 from zerobench.fitting.fit import HARDWARE_KNOBS, fit_hardware
 from zerobench.perfmodel.constants import DEFAULT, GEMM_EFF_MEASURED
 from zerobench.perfmodel.feasibility import breakdown, logits_bytes
@@ -15,7 +14,7 @@ from zerobench.perfmodel.hardware import get_profile
 
 
 def test_three_independent_sources_with_a100_or_newer_and_a_split_per_source():
-    df = pd.read_csv(DATA)
+    df = load()  # fit and validation rows (the holdout: test_holdout.py)
     assert df.source.nunique() >= 3 and len(df) >= 20
     assert set(df.hardware) <= {"a100-80gb", "h100-80gb", "h200-141gb"}
     for source, rows in df.groupby("source"):  # every source has rows on both sides of the split
@@ -24,7 +23,7 @@ def test_three_independent_sources_with_a100_or_newer_and_a_split_per_source():
 
 
 def test_nemo_megatron_rows_are_the_readme_tables_per_gpu():
-    rows = pd.read_csv(DATA).query("source == 'nemo-megatron'")
+    rows = load().query("source == 'nemo-megatron'")
     # 1-node throughputs of the two README tables (39543 and 40345 tokens/s on 8 GPUs)
     assert sorted(rows[rows.gpus == 8].value) == pytest.approx([39543 / 8, 40345 / 8], abs=1e-3)
     global_batch = rows.micro_batch * rows.grad_accum * rows.gpus / rows.mp

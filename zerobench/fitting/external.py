@@ -1,15 +1,23 @@
 """External validation: the model against published training runs on hardware other than the
-paper's cluster (zerobench/data/external_runs.csv, each row with its citation and a fit or
-validation split that was committed before any fitting; docs/perfmodel.md).
+paper's cluster (zerobench/data/external_runs.csv, each row with its citation and a split
+committed before any fitting; docs/perfmodel.md).
+
+Splits: `fit` rows give the per-GPU constants, `validation` rows were looked at while the model was
+built, and `holdout` rows were entered in a commit of their own before any model change and are
+scored once (`--holdout`): `load` hands them out only when asked by name, so no fit reads them.
+A published run the model cannot express (pipeline stages, an unstated layout) keeps its row, with
+the reason in its `expressible` column, and gets no prediction.
 
 Each row is predicted from its own layout (GPUs, MP, ZeRO stage, micro-batch, accumulation,
 checkpointing, attention kernel) on the datasheet profile of its GPU, and compared in the
-metric the source printed (tokens/s per GPU, or step time). `python -m zerobench.fitting.external`
-prints MAPE per source and hardware, per split, and the worst rows.
+metric the source printed (tokens/s per GPU, step time, or TFLOPS per GPU by zerobench.flops'
+convention). `python -m zerobench.fitting.external` prints MAPE per source and hardware, per split,
+and the worst rows; `--holdout` scores the frozen holdout and writes results/external_holdout.csv.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,8 +25,12 @@ import pandas as pd
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.predict import predict
+from zerobench.trial import git_revision
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "external_runs.csv"
+HOLDOUT_OUT = Path(__file__).resolve().parents[2] / "results" / "external_holdout.csv"
+SPLITS = ("fit", "validation", "holdout")
+SEEN = ("fit", "validation")  # what model building may read
 
 # Memory behaviour of each source's training code (calibration.py; read from the code, docs/perfmodel.md
 # "External validation"). llm-foundry 061f2c7: PyTorch FSDP FULL_SHARD, mixed_precision PURE (fp32 flat
@@ -34,6 +46,23 @@ CODE = {
 }
 
 
+def load(splits: tuple[str, ...] = SEEN, path: Path = DATA) -> pd.DataFrame:
+    """The rows of `splits` (fit and validation unless the holdout is asked for by name)."""
+    unknown = set(splits) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"splits={sorted(unknown)!r}: must be among {SPLITS}")
+    df = pd.read_csv(path)
+    bad = set(df.split) - set(SPLITS)
+    if bad:
+        raise ValueError(f"{path.name}: split {sorted(bad)!r}: must be one of {SPLITS}")
+    return df[df.split.isin(splits)].reset_index(drop=True)
+
+
+def expressible(df: pd.DataFrame) -> pd.Series:
+    """Rows the model can predict: `expressible` is `yes` (the rest say why not)."""
+    return df.expressible.astype(str).str.strip() == "yes"
+
+
 def _predicted(r, cal: Calibration) -> tuple[float | None, bool, int]:
     """(the row's metric as the model predicts it, fits, largest micro-batch)."""
     model = ModelConfig(layers=int(r.layers), hidden=int(r.hidden), heads=int(r.heads), seq=int(r.seq),
@@ -45,17 +74,24 @@ def _predicted(r, cal: Calibration) -> tuple[float | None, bool, int]:
                    cal=cal.replace(**CODE.get(r.source, {})),
                    attention=r.attention)  # fmt: skip
     step = pred.step_time_s
-    value = (
-        step if r.metric == "step_time_s" else int(r.micro_batch) * int(r.grad_accum) * int(r.seq) / step / int(r.mp)
-    )
+    if r.metric == "step_time_s":
+        value = step
+    elif r.metric == "tflops_per_gpu":  # the paper's convention (zerobench.flops: recomputation counted)
+        value = pred.tflops_per_gpu
+    elif r.metric == "tokens_per_s_per_gpu":
+        value = int(r.micro_batch) * int(r.grad_accum) * int(r.seq) / step / int(r.mp)
+    else:
+        raise ValueError(f"metric={r.metric!r}: must be step_time_s, tflops_per_gpu or tokens_per_s_per_gpu")
     return value, pred.fits, pred.max_micro_batch
 
 
 def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Every row (of `rows`, else the file) with the model's prediction and its error in % of the
-    published value."""
-    df = pd.read_csv(path) if rows is None else rows.copy()
-    out = [_predicted(r, cal) for r in df.itertuples()]
+    """Every row (of `rows`, else the file's fit and validation rows) with the model's prediction and
+    its error in % of the published value; a row the model cannot express gets none."""
+    df = load(path=path) if rows is None else rows.copy()
+    can = expressible(df)
+    none = (float("nan"), False, 0)
+    out = [_predicted(r, cal) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]
     df["predicted"] = [o[0] for o in out]
     df["model_fits"] = [o[1] for o in out]
     df["model_max_micro_batch"] = [o[2] for o in out]
@@ -66,6 +102,7 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """MAPE and worst |error| per (source, hardware, split), and over all validation rows, with how
     many of those runs (all of which trained) the memory model calls out of memory (`model_oom`)."""
+    df = df[expressible(df)]
     df = df.assign(abs_err=df.error_pct.abs(), oom=~df.model_fits.astype(bool))
     by = df.groupby(["source", "hardware", "split"])
     table = pd.DataFrame({"points": by.size(), "mape_pct": by.abs_err.mean(), "max_pct": by.abs_err.max(),
@@ -76,11 +113,43 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def score_holdout(cal: Calibration = DEFAULT, out: Path | None = HOLDOUT_OUT) -> pd.DataFrame:
+    """The frozen holdout, predicted once: every holdout row with its error (none where the model
+    cannot express the run), written to `out` with the revision that scored it."""
+    df = validate(cal, rows=load(("holdout",)))
+    df["git_rev"] = git_revision()
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out, index=False)
+    return df
+
+
+def holdout_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per holdout source and hardware: runs, how many the model expresses, MAPE, worst, mean error."""
+    rows = []
+    for (source, hw), sub in [*df.groupby(["source", "hardware"]), (("all", "all"), df)]:
+        judged = sub[expressible(sub)].error_pct
+        rows.append(dict(source=source, hardware=hw, runs=len(sub), expressed=len(judged),
+                         mape_pct=judged.abs().mean(), max_pct=judged.abs().max(), bias_pct=judged.mean()))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _print(df: pd.DataFrame, title: str) -> None:
+    print(title)
+    print(df.round(1).to_string(index=False))
+
+
 if __name__ == "__main__":
-    rows = validate()
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summary(rows).round(1).to_string(index=False))
+    cols = ["source", "model", "hardware", "gpus", "mp", "stage", "micro_batch", "value", "predicted", "error_pct",
+            "model_fits"]  # fmt: skip
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
+        if "--holdout" in sys.argv:  # the frozen holdout: score once, record (docs/perfmodel.md)
+            scored = score_holdout()
+            _print(scored[cols + ["expressible"]], f"holdout runs (written to {HOLDOUT_OUT}):")
+            _print(holdout_summary(scored), "holdout score (expressed runs only):")
+            raise SystemExit(0)
+        rows = validate()
+        _print(summary(rows), "fit and validation rows:")
         worst = rows.reindex(rows.error_pct.abs().sort_values(ascending=False).index).head(8)
-        print(worst[["source", "model", "hardware", "gpus", "mp", "seq", "micro_batch", "value", "predicted",
-                     "error_pct", "model_fits"]].round(2).to_string(index=False))  # fmt: skip
+        _print(worst[cols], "worst rows:")
         print(f"model says out of memory for {int((~rows.model_fits).sum())} of {len(rows)} runs that trained")

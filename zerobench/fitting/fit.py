@@ -14,7 +14,7 @@ import sys
 import pandas as pd
 
 from zerobench.artifacts.modelled import ARTIFACTS
-from zerobench.fitting.external import DATA, validate
+from zerobench.fitting.external import load, validate
 from zerobench.perfmodel.constants import DEFAULT, FITTED, GEMM_EFF_MEASURED, Calibration
 from zerobench.perfmodel.hardware import GiB
 
@@ -76,8 +76,8 @@ HARDWARE_KNOBS = ("tokens_half", "elementwise_traffic")
 def hardware_objective(cal: Calibration, hardware: str, sources: tuple[str, ...] = ()) -> float:
     """Mean |error| in % over the `fit` rows of `hardware` in the external runs (external.py),
     of `sources` only when given (leave-one-source-out)."""
-    rows = pd.read_csv(DATA)
-    rows = rows[(rows.split == "fit") & (rows.hardware == hardware)]
+    rows = load(("fit",))
+    rows = rows[rows.hardware == hardware]
     if sources:
         rows = rows[rows.source.isin(sources)]
     return float(validate(cal, rows=rows).error_pct.abs().mean())
@@ -100,19 +100,25 @@ def fit_hardware(hardware: str, start: Calibration = DEFAULT, iters: int = 120, 
     return {**measured, **dict(zip(HARDWARE_KNOBS, x, strict=False))}
 
 
-def leave_one_source_out(hardware: str = "a100-80gb", cal: Calibration = DEFAULT) -> pd.DataFrame:
+def loso_rows(hardware: str = "a100-80gb", cal: Calibration = DEFAULT) -> pd.DataFrame:
     """Per source of `hardware`: its constants fitted on the other sources' fit rows only, then
-    this source's validation rows judged (minutes: one fit per source)."""
-    df = pd.read_csv(DATA)
+    this source's validation rows judged, each with its error (minutes: one fit per source)."""
+    df = load()  # fit and validation rows only: the holdout never enters a fit
     sources = sorted(df[df.hardware == hardware].source.unique())
-    rows = []
+    judged = []
     for held in sources:
         others = tuple(s for s in sources if s != held)
         fitted = cal.replace(per_hardware={**cal.per_hardware, hardware: fit_hardware(hardware, cal, sources=others)})
-        judged = validate(fitted, rows=df[(df.hardware == hardware) & (df.source == held) & (df.split == "validation")])
-        rows.append(dict(hardware=hardware, held_out=held, fitted_on=", ".join(others), points=len(judged),
-                         mape_pct=judged.error_pct.abs().mean(), max_pct=judged.error_pct.abs().max()))  # fmt: skip
-    return pd.DataFrame(rows)
+        rows = validate(fitted, rows=df[(df.hardware == hardware) & (df.source == held) & (df.split == "validation")])
+        judged.append(rows.assign(held_out=held, fitted_on=", ".join(others)))
+    return pd.concat(judged, ignore_index=True)
+
+
+def leave_one_source_out(hardware: str = "a100-80gb", cal: Calibration = DEFAULT, rows=None) -> pd.DataFrame:
+    """Per held-out source of `hardware` (loso_rows, or `rows` already judged): points, MAPE, worst."""
+    rows = loso_rows(hardware, cal) if rows is None else rows
+    by = rows.assign(abs_err=rows.error_pct.abs()).groupby(["held_out", "fitted_on"], sort=True)
+    return pd.DataFrame({"points": by.size(), "mape_pct": by.abs_err.mean(), "max_pct": by.abs_err.max()}).reset_index()
 
 
 def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
