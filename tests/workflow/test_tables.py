@@ -110,9 +110,98 @@ def test_capacity_judges_the_calibrated_model_against_the_measured_crossing():
     assert trials.error_pct.iloc[0] == pytest.approx(100 * (160 - 167) / 167)
 
 
+def _judged(errors: list[float]) -> pd.DataFrame:
+    n = len(errors)
+    return pd.DataFrame(dict(key=[f"p{i}" for i in range(n)], ours=1.0, paper=1.0, error_pct=errors, status="ok",
+                             role="judged"))  # fmt: skip
+
+
 def test_verdicts():
-    df = pd.DataFrame(dict(key=["a", "b"], ours=[1.0, 2.0], paper=[1.0, 2.5], error_pct=[0.0, -20.0], status="ok"))
+    df = _judged([0.0, -20.0])
     assert report.verdict(report.stats(df), 25).startswith("**Reproduced**")
     assert report.verdict(report.stats(df), 15).startswith("**Mostly reproduced**")
     assert report.verdict(report.stats(df), 5).startswith("**Not reproduced**")
     assert "ours only" in report.verdict(report.stats(df.assign(error_pct=None)), 5)
+    assert "2 judged points, mean |error| 10.00%, worst 20.00% (p1)" in report.verdict(report.stats(df), 25)
+
+
+@pytest.mark.parametrize("role", ["fitted", "formula", "reference", "derived"])
+@pytest.mark.parametrize("errors", [[0.0, 0.0, 0.0], [500.0, -900.0, 1e4]])
+def test_rows_not_judged_cannot_change_a_verdict(role, errors):
+    # Fig 5's case: a fitted point at -0.2 % pulls the mean of four judged points at 11.2 % under
+    # a 10 % tolerance; rows of any other role, near zero or far off, leave every verdict as it was
+    base = _judged([7.8, 24.2, 8.5, 4.4])
+    others = pd.DataFrame(dict(key=[f"x{i}" for i in range(3)], ours=1.0, paper=1.0, error_pct=errors, status="ok",
+                               role=role))  # fmt: skip
+    mixed = pd.concat([base.iloc[:2], others, base.iloc[2:]], ignore_index=True)
+    for tolerance in (5, 10, 11.25, 25):
+        alone = report.verdict(report.stats(base), tolerance)
+        # the same words and numbers; the others named after them
+        assert report.verdict(report.stats(mixed), tolerance).startswith(alone.rstrip("."))
+    s = report.stats(mixed)
+    assert (s["n"], s["mape"], s["max"], s["worst"]) == (4, pytest.approx(11.225), 24.2, "p1")
+    assert s["apart"] == {role: (3, pytest.approx(sum(map(abs, errors)) / 3))}
+    assert report.verdict(s, 10).startswith("**Not reproduced**")
+    assert f"not judged: 3 {role}" in report.verdict(s, 10)
+    assert report.stats(others)["n"] == 0 and report.verdict(report.stats(others), 10).startswith("No judged")
+
+
+def test_a_table_without_roles_or_with_an_unknown_role_is_refused():
+    df = _judged([1.0])
+    with pytest.raises(ValueError, match="fig5.csv: no `role` column"):
+        report.stats(df.drop(columns="role"), "fig5.csv")
+    with pytest.raises(ValueError, match=r"role must be one of .*got \['calibration'\]"):
+        report.stats(df.assign(role="calibration"), "fig5.csv")
+    with pytest.raises(ValueError, match="empty"):
+        report.stats(df.assign(role=None), "fig5.csv")
+
+
+def test_roles_of_the_paper_tables():
+    from zerobench.artifacts import paper_tables
+
+    def largest(layers, **fields):
+        return dict(status="ok", num_params=layers * 1e9, layers=layers, hidden=8192, **fields)
+
+    fig5 = paper_tables.fig5([({"zero_config": c}, largest(40 + i)) for i, c in enumerate(("C1", "C4"))])
+    assert fig5.set_index("key").role.to_dict() == {"C1": "judged", "C4": "fitted"}  # constants.FITTED
+    t2 = paper_tables.table2([({}, largest(6, mp=1, stage=1, dp=64)), ({}, largest(7, mp=2, stage=1, dp=64))])
+    assert t2.set_index("key").role.to_dict() == {
+        "MP 1 P_os theory": "formula", "MP 1 P_os measured": "fitted",  # fragmentation's fit point
+        "MP 2 P_os theory": "formula", "MP 2 P_os measured": "judged",
+    }  # fmt: skip
+    run = dict(status="ok", world_size=64, micro_batch=16, tflops_per_gpu=30.0)
+    fig3 = paper_tables.fig3([({"zero_config": "C5"}, run)]).set_index("key")
+    assert fig3.loc["64 GPUs", "role"] == "judged" and fig3.loc["64 GPUs total", "role"] == "derived"
+    assert fig3.loc["64 GPUs total", "derived_from"] == "64 GPUs x 64" and fig3.loc["64 GPUs total", "ours"] == 1920
+
+
+def test_roles_of_the_record_tables():
+    recs = [record(0, 1, losses=[5.0, 4.0]), record(2, 2, losses=[5.0, 4.4])]
+    loss = tables.loss(recs)
+    assert loss[loss.dp == 1].role.tolist() == ["reference"] * 2  # the single-process run beside itself
+    assert loss[loss.dp == 2].role.tolist() == ["judged"] * 2
+    mem = tables.memory([record(1, 4), record(1, 4, source="modelled"), record(1, 4, source="traced")])
+    assert mem.set_index("source").role.to_dict() == {"measured": "judged", "modelled": "formula", "traced": "judged"}
+
+
+def test_model_vs_measured_marks_the_rows_a_fitted_term_changes():
+    # the committed records of two trials and the committed profile: the MP all-reduce's cost in a
+    # step beyond its curve (mp_sync_table) is fitted on the engine's MP steps, and reaches only MP rows
+    from pathlib import Path
+
+    from zerobench.artifacts.vs_measured import model_vs_measured
+    from zerobench.perfmodel.hardware import get_profile
+    from zerobench.results import read_record
+
+    root = Path(__file__).resolve().parents[2]
+    hw = get_profile(str(root / "results/profiles/calibrated-cpu.json"))
+    assert hw.mp_sync_table  # the profile has the fitted term
+    runs = [read_record(root / f"results/runs/measured_cpu-10m-{t}-fp32-b4-n30-w3-system-rep1.json")
+            for t in ("mp2-z0", "dp2-z0")]  # fmt: skip
+    df = model_vs_measured(runs, hw).set_index("mp")
+    mp2, dp2 = df.loc[2], df.loc[1]
+    assert mp2.role == "fitted" and mp2.fitted_terms == "mp_sync_table"
+    assert mp2.ours_without_fitted < mp2.ours  # without it an MP all-reduce waits the matmul benchmark's wait
+    assert mp2.error_without_fitted_pct == pytest.approx(100 * (mp2.ours_without_fitted / mp2.expected - 1))
+    assert dp2.role == "judged" and dp2.ours_without_fitted == dp2.ours
+    assert report.stats(df.reset_index())["n"] == 1  # the verdict reads the dp 2 row alone

@@ -3,7 +3,7 @@ and the one rule of every verdict: the role each row plays, and that a verdict r
 
 Every artifact table has a `role` column (ROLES). A verdict, its counts and its mean and worst
 error are computed over the `judged` rows alone (`judged`); rows of the other roles are shown and
-counted apart (`role_counts`), and cannot move a verdict. Fitted points are listed in
+counted apart (report.py), and cannot move a verdict. Fitted points are listed in
 perfmodel/constants.py (`FITTED`, `FIT_SET`) and docs/perfmodel.md ("Calibration")."""
 
 from __future__ import annotations
@@ -89,13 +89,6 @@ def judged(df: pd.DataFrame, name: str = "table") -> pd.DataFrame:
     check_roles(df, name)
     rows = compared(df)
     return rows[rows["role"] == JUDGED]
-
-
-def role_counts(df: pd.DataFrame, name: str = "table") -> dict[str, int]:
-    """Compared rows per role, in ROLES' order, roles without rows left out."""
-    check_roles(df, name)
-    counts = compared(df)["role"].value_counts()
-    return {role: int(counts[role]) for role in ROLES if role in counts}
 
 
 def mape(df: pd.DataFrame, judged_only: bool = False) -> tuple[float, float, int]:

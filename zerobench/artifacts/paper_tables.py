@@ -3,8 +3,10 @@ records of their sheets' trials, each point beside the paper's number.
 
 Each builder takes (trial, record) pairs in sheet order: the trial says what the sheet asked for
 (the listed batch, C1-C5, a label), the record what ran, modelled here or measured on a cluster.
-The rows carry `ours`, `paper`, `error_pct` = 100·(ours − paper)/paper, `source` and `fit` (True
-for calibration.FIT_SET's points, which are not judged). The choices the paper made between
+The rows carry `ours`, `paper`, `error_pct` = 100·(ours − paper)/paper, `source` and `role`
+(artifacts/common.py ROLES): `fitted` for constants.FIT_SET's points, `formula` for Table 2's
+theory columns, `derived` for Fig 2's speed-ups and Fig 3's totals (with the rows they come from in
+`derived_from`), `judged` for the rest; verdicts read the judged rows only. The choices the paper made between
 trials are made here and said so: the faster of C4 and C5 (paper §10.4), the largest swept batch
 that ran (Fig 3).
 """
@@ -77,7 +79,8 @@ def fig2(pairs: Pairs) -> pd.DataFrame:
                         config="baseline", **b))  # fmt: skip
         speed = (z.get("tflops") or 0) / b["tflops"] if b.get("tflops") else None
         ps_ = paper("fig2", "speedup_bar", model_params_b=size)
-        rows.append(row("fig2", f"speed-up {size:g}B", speed, ps_, series="speed-up", size_b=size))
+        rows.append(row("fig2", f"speed-up {size:g}B", speed, ps_, series="speed-up", size_b=size, role="derived",
+                        derived_from=f"ZeRO {size:g}B / baseline {size:g}B"))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -94,7 +97,8 @@ def fig3(pairs: Pairs) -> pd.DataFrame:
                         paper_batch=paper_batch, **z))  # fmt: skip
         total = z["tflops"] * gpus if z.get("tflops") else None
         pt = paper("fig3", "aggregate_throughput_observed", gpus=gpus)
-        rows.append(row("fig3", f"{gpus} GPUs total", total, pt, series="total TFLOPS", gpus=gpus))
+        rows.append(row("fig3", f"{gpus} GPUs total", total, pt, series="total TFLOPS", gpus=gpus, role="derived",
+                        derived_from=f"{gpus} GPUs x {gpus}"))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -172,7 +176,8 @@ def table2(pairs: Pairs) -> pd.DataFrame:
         mp, stage, label = r["mp"], r["stage"], STAGES[r["stage"]]
         theory = PAPER_GB / total_model_state_bytes(1.0, stage, r["dp"], mp) / 1e9
         p = paper("table2", "max_model_size_theoretical", mp=mp, stage_or_config=label)
-        rows.append(row("table2", f"MP {mp} {label} theory", theory, p, source="formula", mp=mp, stage=stage))
+        rows.append(row("table2", f"MP {mp} {label} theory", theory, p, source="formula", role="formula", mp=mp,
+                        stage=stage))  # fmt: skip
         size, layers = _largest(r)
         measured = None
         if stage in (0, 1):

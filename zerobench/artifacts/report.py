@@ -1,5 +1,7 @@
 """results/REPORT.md: for each table and figure of the paper, the paper's numbers beside ours, the
-error, and a one-line verdict against the tolerance its workflow sheet sets. No torch import."""
+error, and a one-line verdict against the tolerance its workflow sheet sets. A verdict reads the
+judged rows alone; fitted, formula, reference and derived rows are counted and shown apart
+(artifacts/common.py, ROLES). No torch import."""
 
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
+
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
-SHOWN = ["key", "source", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "formula", "vs_linear_pct"]
+SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct",
+         "error_without_fitted_pct", "formula", "vs_linear_pct", "derived_from"]  # fmt: skip
 
 
 def _num(v) -> str:
@@ -23,7 +28,8 @@ def _num(v) -> str:
 
 def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
-    names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula"}
+    names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula",
+             "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from"}  # fmt: skip
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
     for _, r in df[cols].head(MAX_ROWS).iterrows():
@@ -45,29 +51,38 @@ def _condense_loss(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def stats(df: pd.DataFrame) -> dict:
-    """Mean and max |error| % over the compared points; modelled fit points counted apart."""
-    pts = df[df.error_pct.notna()] if "error_pct" in df else df.iloc[0:0]
-    judged = pts[~pts["fit"].astype(bool)] if "fit" in pts else pts
+def stats(df: pd.DataFrame, name: str = "table") -> dict:
+    """The verdict's numbers: mean and max |error| % over the judged points alone (common.judged);
+    per other role its compared points and their mean |error| %, kept apart (`apart`)."""
+    pts = judged(df, name)
     err = pts.error_pct.astype(float).abs()
     worst = pts.loc[err.idxmax(), "key"] if len(pts) else None
+    others = compared(df)
+    others = others[others.role != JUDGED]
+    apart = {role: (len(sub), float(sub.error_pct.astype(float).abs().mean()))
+             for role, sub in others.groupby("role") if len(sub)}  # fmt: skip
     status = df.status.dropna().astype(str) if "status" in df else pd.Series(dtype=str)
     return dict(n=len(pts), mape=err.mean() if len(pts) else None, max=err.max() if len(pts) else None,
-                worst=worst, judged_mape=judged.error_pct.abs().mean() if len(judged) else None,
-                n_fit=len(pts) - len(judged), not_ok=status[status != "ok"].value_counts().to_dict())  # fmt: skip
+                worst=worst, apart={r: apart[r] for r in ROLES if r in apart},
+                not_ok=status[status != "ok"].value_counts().to_dict())  # fmt: skip
+
+
+def apart(s: dict) -> str:
+    """The compared points no verdict reads, per role: '1 fitted (mean |error| 0.2%), ...'."""
+    return ", ".join(f"{n} {role} (mean |error| {m:.2f}%)" for role, (n, m) in s["apart"].items())
 
 
 def verdict(s: dict, tolerance: float) -> str:
-    """One line: reproduced (every point within tolerance), mostly (the mean within), or not."""
+    """One line over the judged points: reproduced (every one within tolerance), mostly (the mean
+    within), or not; the points of other roles named apart, never counted."""
     extra = ""
     if s["not_ok"]:
         extra = "; rows not ok: " + ", ".join(f"{n} {k}" for k, n in s["not_ok"].items())
+    if s["apart"]:
+        extra = f"; not judged: {apart(s)}{extra}"
     if not s["n"]:
-        return f"No numbers to compare against: ours only{extra}."
-    fit = (
-        f" ({s['n_fit']} of them calibration points; judged points alone {s['judged_mape']:.1f}%)" if s["n_fit"] else ""
-    )
-    line = f"{s['n']} points, mean |error| {s['mape']:.2f}%{fit}, worst {s['max']:.2f}% ({s['worst']})"
+        return f"No judged numbers to compare against: ours only{extra}."
+    line = f"{s['n']} judged points, mean |error| {s['mape']:.2f}%, worst {s['max']:.2f}% ({s['worst']})"
     if s["max"] <= tolerance:
         return f"**Reproduced**: every point within ±{tolerance:g}% — {line}{extra}."
     if s["mape"] <= tolerance:
@@ -78,7 +93,7 @@ def verdict(s: dict, tolerance: float) -> str:
 def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     """(markdown section, summary-table line) of one artifact."""
     sources = sorted({str(v) for v in df.source.dropna().unique()}) if "source" in df else []
-    s = stats(df)
+    s = stats(df, f"results/{name}.csv")
     line = verdict(s, sheet["tolerance_pct"])
     shown = _condense_loss(df) if "layout" in df else df
     if "kind" in shown:  # capacity: the per-stage summary first
@@ -100,8 +115,9 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     ])  # fmt: skip
     mape = "" if s["mape"] is None else f"{s['mape']:.2f}"
     worst = "" if s["max"] is None else f"{s['max']:.2f}"
+    not_judged = ", ".join(f"{n} {role}" for role, (n, _) in s["apart"].items())
     summary = f"| [{name}](#{_anchor(sheet['title'])}) | {', '.join(sources)} | {s['n']} | {mape} | {worst} | "
-    summary += line.split(":")[0].split(" within")[0].strip("*") + " |"
+    summary += f"{not_judged} | " + line.split(":")[0].split(" within")[0].strip("*") + " |"
     return text, summary
 
 
@@ -146,9 +162,12 @@ def write_report(sheets: list[str], tables: list[str], out: str, peers: str | No
         "(this engine under FakeTensorMode at paper scale) or **modelled** (the calibrated performance model, "
         "docs/perfmodel.md). The paper's numbers are references only. `error %` = 100·(ours − reference)/"
         "reference, against the paper where it has the number, else against the paper's formula at our scale "
-        "(`expected`).",
-        "| artifact | source | points | mean abs error % | worst % | verdict |",
-        "|---|---|---|---|---|---|",
+        "(`expected`). Each row has a `role`; a verdict, its points, mean and worst read the **judged** rows "
+        "alone. The others are counted apart and cannot move a verdict: "
+        + "; ".join(f"**{role}**: {text}" for role, text in ROLES.items() if role != JUDGED)
+        + ".",
+        "| artifact | source | judged points | mean abs error % | worst % | not judged | verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     text = "\n\n".join(head[:2]) + "\n\n" + "\n".join(head[2:] + summary) + "\n\n" + "\n\n".join(sections) + "\n"
     Path(out).write_text(text)

@@ -18,7 +18,10 @@ NOISE = 1.25
 def table(records: list[dict]) -> pd.DataFrame:
     """Per stage and N_d the trial at the largest micro-batch that trained within the budget (kind
     `best`), with the perfect-linear reference from that stage's one-rank point (expected = N_d x
-    tokens/s at N_d = 1); then one row per trial (kind `trial`), oom rows included."""
+    tokens/s at N_d = 1); then one row per trial (kind `trial`), oom rows included. Roles
+    (artifacts/common.py): the one-rank `best` rows are the `reference` the others are compared
+    with, the other `best` rows are `judged`, and each trial row is `judged` (none has an error:
+    there is no paper number at this scale)."""
     rows = [
         dict(
             key=f"{STAGE_LABELS[r['stage']]} N_d={r['dp']} b={r['micro_batch']}",
@@ -40,9 +43,11 @@ def table(records: list[dict]) -> pd.DataFrame:
     ]
     trials = pd.DataFrame(rows).sort_values(["stage", "dp", "micro_batch"], ignore_index=True)
     trials["ours"] = trials.tokens_per_s  # aggregate tokens/s of every trial that fitted
+    trials["role"] = "judged"
     fits = trials[trials.status == "ok"]
     best = fits.loc[fits.groupby(["stage", "dp"]).micro_batch.idxmax()].copy()
     best["kind"] = "best"
+    best["role"] = ["reference" if d == 1 else "judged" for d in best.dp]  # linear is N_d x the one-rank point
     best["key"] = [f"{STAGE_LABELS[s]} N_d={d}: largest micro-batch that fits" for s, d in zip(best.stage, best.dp)]
     one_rank = best[best.dp == 1].set_index("stage").tokens_per_s
     best["expected"] = [one_rank.get(s, float("nan")) * d for s, d in zip(best.stage, best.dp)]

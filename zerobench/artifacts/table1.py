@@ -77,11 +77,13 @@ def trace_cells(nds: dict[float, tuple[int, ...]], log=None) -> dict[Cell, int]:
 
 
 def table1(traced: dict[Cell, int]) -> pd.DataFrame:
-    """One row per paper cell: model, nd, stage, paper_gb, formula_gb, traced_gb, match.
+    """One row per paper cell: model, nd, stage, paper_gb, formula_gb, traced_gb, match, role.
 
     `traced` holds the engine's model-state bytes of the cells that were traced; the others are
     NaN in `traced_gb` and checked against the formula alone. `match` is True when the formula and
-    (where present) the trace print as the paper's cell."""
+    (where present) the trace print as the paper's cell. `role` (artifacts/common.py): `judged`
+    for a traced cell (the engine against the paper), `formula` for the others (the formula
+    against the paper's own formula, which cannot miss but for the paper's rounding)."""
     ref = load_paper_reference()
     ref = ref[ref.artifact == "table1"]
     rows = []
@@ -108,6 +110,7 @@ def table1(traced: dict[Cell, int]) -> pd.DataFrame:
                 traced_gb=traced_gb,
                 rounding="truncated" if truncate else "rounded",
                 match=bool(match),
+                role="judged" if (size, nd, stage) in traced else "formula",
             )
         )
     return pd.DataFrame(rows)
