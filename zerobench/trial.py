@@ -100,6 +100,8 @@ class TrialRecord:
     tokens_per_s: float | None = None
     tflops_per_gpu: float | None = None
     mfu: float | None = None
+    # modelled only: the held-out error % of the layout's regime, or "unvalidated" (perfmodel/error_bands.py)
+    error_band_pct: float | str | None = None
     # memory per rank, bytes
     param_bytes: int | None = None
     grad_bytes: int | None = None
@@ -108,6 +110,9 @@ class TrialRecord:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     peak_rss_bytes: int | None = None
+    # the peak while the engine is built (construction), beside the training peak above: measured
+    # (RSS growth on CPU, max allocated on GPU), traced (the counter's) or modelled
+    build_peak_bytes: int | None = None
     # communication and training
     comm: dict | None = None
     losses: list | None = None

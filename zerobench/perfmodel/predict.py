@@ -15,6 +15,7 @@ from zerobench.config import ConfigError, ModelConfig, ParallelConfig, Precision
 from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network
 from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.kernels import check_attention
@@ -144,6 +145,8 @@ def model_record(
     # the configuration's columns as every source writes them; a modelled step has no step count
     fields = {**trial_columns(model, parallel, precision, train), "device": "modelled", "hardware": str(hardware)}
     fields["steps"] = None
+    # how far to trust it: the held-out error of its regime (a number, or "unvalidated")
+    fields["error_band_pct"] = band(str(hardware), parallel.world_size, parallel.mp, parallel.stage).value
     try:
         pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal, attention)
     except ConfigError as exc:
@@ -151,13 +154,15 @@ def model_record(
     mem = pred.memory
     fields.update(
         param_bytes=mem.param_bytes, grad_bytes=mem.grad_bytes, optimizer_bytes=mem.optimizer_bytes,
-        activation_bytes=mem.activation_bytes, peak_allocated_bytes=mem.total_bytes,
+        activation_bytes=mem.activation_bytes, peak_allocated_bytes=mem.total_bytes, build_peak_bytes=mem.build_bytes,
         peak_reserved_bytes=mem.cached_bytes(cal),
     )  # fmt: skip
     extra = {"max_micro_batch": pred.max_micro_batch, "buffer_bytes": mem.buffer_bytes,
              "usable_bytes": mem.usable_bytes, "attention": attention}  # fmt: skip
     if not pred.fits:
-        msg = (f"needs {mem.total_bytes / 1e9:.1f} GB per GPU, {mem.usable_bytes / 1e9:.1f} GB usable; "
+        needs = mem.total_bytes if mem.builds else max(mem.total_bytes, mem.build_bytes)
+        phase = "" if mem.builds else " to build the engine" if mem.trains else " to build and to train"
+        msg = (f"needs {needs / 1e9:.1f} GB per GPU{phase}, {mem.usable_bytes / 1e9:.1f} GB usable; "
                f"largest micro-batch that fits: {pred.max_micro_batch}")  # fmt: skip
         return new_record("modelled", status="oom", error=msg, extra=extra, **fields)
     step = pred.step_time_s
@@ -194,10 +199,14 @@ def estimate_text(
         return f"{head}\n  cannot exist: {exc}"
     m = pred.memory
     z = _size
+    unit = "rank" if hw.ranks_share_compute else "GPU"
+    verdict = "yes" if pred.fits else "NO (out of memory while training)" if m.builds else (
+        "NO (out of memory while building the engine; training alone would fit)" if m.trains
+        else "NO (out of memory while building and while training)")  # fmt: skip
     lines = [
         head,
-        f"  fits: {'yes' if pred.fits else 'NO (out of memory)'} — {z(m.total_bytes)} of "
-        f"{z(m.usable_bytes)} usable per {'rank' if hw.ranks_share_compute else 'GPU'}",
+        f"  fits: {verdict} — training {z(m.total_bytes)}, construction {z(m.build_bytes)}, of "
+        f"{z(m.usable_bytes)} usable per {unit}",
         f"  model states {z(m.model_state_bytes)} (params {z(m.param_bytes)}, grads {z(m.grad_bytes)}, "
         f"optimizer {z(m.optimizer_bytes)}); activations {z(m.activation_bytes)} (checkpoints "
         f"{z(m.checkpoint_bytes)}, working {z(m.working_bytes)}); buffers {z(m.buffer_bytes)}",
@@ -212,9 +221,9 @@ def estimate_text(
         parts = [("compute", pred.compute_s), ("MP comm", pred.mp_comm_s + pred.host_copy_s),
                  ("DP comm", pred.dp_comm_s), ("optimizer", pred.optimizer_s),
                  ("overhead", pred.overhead_s)]  # fmt: skip
-        unit = "rank" if hw.ranks_share_compute else "GPU"
         lines.append(f"  predicted {pred.tflops_per_gpu:.3g} TFLOPS/{unit} (MFU {pred.mfu:.0%}), step {t:.3g} s: "
                      + ", ".join(f"{k} {v / t:.0%}" for k, v in parts))  # fmt: skip
+        lines.append(f"  {band(hw.name, parallel.world_size, parallel.mp, parallel.stage).text()}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,89 @@
+"""Error bands on modelled figures (perfmodel/error_bands.py, fitting/error_bands.py): the regime of
+a layout, the band of a regime from its held-out runs, and the record and estimate that carry it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.fitting import error_bands as writer
+from zerobench.fitting.external import HOLDOUT_OUT
+from zerobench.perfmodel import error_bands as eb
+from zerobench.perfmodel.predict import estimate_text, model_record
+
+GPT = ModelConfig(layers=32, hidden=4096, heads=32, seq=2048, vocab=51200, name="gpt-6.4b")
+
+
+@pytest.mark.parametrize(
+    "hw, gpus, mp, stage, want",
+    [
+        ("a100-80gb", 8, 1, 3, ("a100", "fully-sharded", "1-8")),
+        ("a100-80gb", 9, 8, 3, ("a100", "fully-sharded", "9-64")),  # stage 3 is sharded whatever the MP
+        ("h200-141gb", 512, 8, 2, ("h200", "tensor-parallel", "65-512")),
+        ("v100-32gb-dgx2", 513, 1, 1, ("v100", "data-parallel", ">512")),
+        ("v100-32gb-dgx2", 64, 1, 0, ("v100", "data-parallel", "9-64")),
+        ("cpu-local", 2, 1, 2, ("cpu-local", "data-parallel", "1-8")),  # a measured host is its own generation
+    ],
+)
+def test_regime_of_a_layout(hw, gpus, mp, stage, want):
+    r = eb.regime(hw, gpus, mp, stage)
+    assert (r.generation, r.kind, r.scale) == want
+
+
+def test_bad_regimes_are_refused():
+    with pytest.raises(ValueError, match="gpus"):
+        eb.regime("a100-80gb", 0, 1, 0)
+    with pytest.raises(ValueError, match="kind"):
+        eb.Regime("a100", "pipeline", "1-8")
+
+
+def test_band_is_the_mean_abs_error_of_the_regimes_held_out_runs(tmp_path):
+    loso = pd.DataFrame(dict(source=["s1", "s1", "s2"], hardware="a100-80gb", gpus=[8, 8, 16], mp=1, stage=3,
+                             error_pct=[10.0, -20.0, 4.0]))  # fmt: skip
+    hold = pd.DataFrame(dict(source=["h"] * 3, hardware="a100-80gb", gpus=[2, 1024, 2048], mp=1, stage=3,
+                             error_pct=[-3.0, 50.0, 100.0], expressible=["yes", "yes", "no: pipeline"]))  # fmt: skip
+    path = tmp_path / "bands.csv"
+    table = writer.write(loso, hold, path).set_index("scale")
+    small = table.loc["1-8"]  # 10, -20 (leave-one-source-out) and -3 (holdout); the unexpressed run left out
+    assert small.runs == 3 and small.error_band_pct == pytest.approx((10 + 20 + 3) / 3, abs=0.01)
+    assert small.worst_pct == 20 and small.bias_pct == pytest.approx(-13 / 3, abs=0.01)
+    assert small.evidence == "h (frozen holdout, 1); s1 (leave-one-source-out, 2)"
+    assert eb.band("a100-80gb", 4, 1, 3, path).value == pytest.approx(11.0)
+    few = eb.band("a100-80gb", 16, 1, 3, path)  # one run: no number
+    assert few.value == eb.UNVALIDATED and few.runs == 1 and "fewer than 3" in few.text()
+    none = eb.band("h100-80gb", 4, 1, 3, path)
+    assert none.value == eb.UNVALIDATED and none.text().startswith("unvalidated: no held-out")
+
+
+def test_committed_bands_follow_from_the_recorded_held_out_runs(tmp_path):
+    """zerobench/data/error_bands.csv is what the writer makes of results/external_loso.csv and
+    results/external_holdout.csv: no band typed in by hand."""
+    again = writer.write(pd.read_csv(writer.LOSO_OUT), pd.read_csv(HOLDOUT_OUT), tmp_path / "b.csv")
+    committed = pd.read_csv(eb.BANDS)
+    cols = [c for c in committed.columns if c != "made_by"]
+    pd.testing.assert_frame_equal(again[cols].reset_index(drop=True), committed[cols], check_dtype=False)
+    assert set(committed.generation) >= {"a100", "v100"}
+
+
+def test_modelled_record_and_estimate_carry_the_band():
+    prec, train = PrecisionConfig("bf16", "cuda"), TrainConfig(micro_batch=1)
+    sharded = ParallelConfig(dp=8, mp=1, stage=3, checkpoint_activations=True)
+    rec = model_record(GPT, sharded, prec, train, "a100-80gb", attention="fused")
+    committed = pd.read_csv(eb.BANDS).set_index(["generation", "kind", "scale"])
+    assert rec["error_band_pct"] == pytest.approx(
+        committed.loc[("a100", "fully-sharded", "1-8"), "error_band_pct"], abs=0.05
+    )
+    assert model_record(GPT, sharded, prec, train, "h100-80gb", attention="fused")["error_band_pct"] == "unvalidated"
+    text = estimate_text(GPT, sharded, prec, train, "a100-80gb")
+    assert "% on held-out runs like this one" in text
+    assert "unvalidated" in estimate_text(GPT, sharded, prec, train, "h200-141gb")
+
+
+def test_perfmodel_reads_the_bands_without_importing_fitting():
+    code = ("import sys; from zerobench.perfmodel.predict import model_record, band; band('a100-80gb', 8, 1, 3); "
+            "sys.exit(any(m.startswith('zerobench.fitting') for m in sys.modules))")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

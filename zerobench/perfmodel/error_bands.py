@@ -1,0 +1,100 @@
+"""How far to trust a modelled figure: the held-out error of its regime.
+
+A regime is (hardware generation × parallelism kind × scale bucket). Its band is the mean |error|
+of the published runs of that regime the model had not seen: each A100 source's validation rows
+judged with constants fitted on the other sources only (leave-one-source-out), and the frozen
+holdout (docs/perfmodel.md "Error bands"). The bands are read from zerobench/data/error_bands.csv,
+which `python -m zerobench.fitting.error_bands` writes; the model never imports the fitting code.
+A regime with fewer than MIN_RUNS held-out runs has no band: it is `unvalidated` (one run's error
+says little about the next run's). The band is of throughput (step
+time, TFLOPS), not of memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+BANDS = Path(__file__).resolve().parents[1] / "data" / "error_bands.csv"
+UNVALIDATED = "unvalidated"
+# upper GPU count of each scale bucket: one node, a few nodes, up to the paper's 400-512, beyond
+SCALES = ((8, "1-8"), (64, "9-64"), (512, "65-512"), (float("inf"), ">512"))
+KINDS = ("data-parallel", "tensor-parallel", "fully-sharded")
+MIN_RUNS = 3
+
+
+@dataclass(frozen=True)
+class Regime:
+    generation: str  # v100, a100, h100, h200 (a CPU profile: its own name)
+    kind: str  # KINDS
+    scale: str  # SCALES' labels
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}: must be one of {KINDS}")
+        if self.scale not in [s for _, s in SCALES]:
+            raise ValueError(f"scale={self.scale!r}: must be one of {[s for _, s in SCALES]}")
+
+    def __str__(self) -> str:
+        return f"{self.generation}, {self.kind}, {self.scale} GPUs"
+
+
+def regime(hardware: str, gpus: int, mp: int, stage: int) -> Regime:
+    """The regime of a layout: parameters sharded (stage 3: ZeRO-3, FSDP full shard), else split by
+    tensor parallelism (mp > 1), else replicated (stages 0-2 without MP)."""
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus={gpus!r}: must be a positive integer")
+    kind = "fully-sharded" if stage == 3 else "tensor-parallel" if mp > 1 else "data-parallel"
+    scale = next(label for top, label in SCALES if gpus <= top)
+    prefix = str(hardware).split("-")[0]  # a datasheet profile is named for its GPU: a100-80gb
+    generation = prefix if re.fullmatch(r"[vah]\d00", prefix) else str(hardware)
+    return Regime(generation, kind, scale)
+
+
+@dataclass(frozen=True)
+class Band:
+    regime: Regime
+    pct: float | None  # mean |error| % of the regime's held-out runs; None: unvalidated (< MIN_RUNS runs)
+    runs: int = 0
+    worst_pct: float | None = None
+    evidence: str = ""  # which held-out runs: sources and how they were held out
+
+    @property
+    def value(self) -> float | str:
+        """What a record's `error_band_pct` holds: the number, or `unvalidated`."""
+        return UNVALIDATED if self.pct is None else round(self.pct, 1)
+
+    def text(self) -> str:
+        if self.pct is None and not self.runs:
+            return f"unvalidated: no held-out published run like this one ({self.regime})"
+        if self.pct is None:
+            return (f"unvalidated: {self.runs} held-out run(s) like this one, fewer than {MIN_RUNS} (worst "
+                    f"{self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
+        return (f"±{self.pct:.0f} % on held-out runs like this one ({self.runs} runs, worst {self.worst_pct:.0f} %; "
+                f"{self.regime}; {self.evidence})")  # fmt: skip
+
+
+@functools.cache
+def _table(path: Path = BANDS) -> dict[Regime, Band]:
+    df = pd.read_csv(path)
+    out = {}
+    for r in df.itertuples():
+        reg = Regime(r.generation, r.kind, r.scale)
+        pct = float(r.error_band_pct) if r.runs >= MIN_RUNS else None
+        out[reg] = Band(reg, pct, int(r.runs), float(r.worst_pct), str(r.evidence))
+    return out
+
+
+def band(hardware: str, gpus: int, mp: int, stage: int, path: Path = BANDS) -> Band:
+    """The held-out error band of a layout's regime (unvalidated where there are no held-out runs)."""
+    reg = regime(hardware, gpus, mp, stage)
+    return _table(path).get(reg, Band(reg, None))
+
+
+def band_values(values: pd.Series) -> pd.Series:
+    """A column of `error_band_pct` as numbers (NaN where unvalidated or absent), for error bars."""
+    return pd.to_numeric(values, errors="coerce")
