@@ -1,4 +1,5 @@
-"""The regenerated artifacts: per-figure MAPE pinned so a regression shows, the shapes the
+"""The regenerated artifacts: the targets on each figure's judged points (fitted, formula and
+derived rows never count: artifacts/common.py), regression pins on today's errors, the shapes the
 paper shows, and the run time. Targets the model does not reach are strict xfails with the reason
 (docs/perfmodel.md explains each)."""
 
@@ -11,11 +12,15 @@ import pytest
 from zerobench.artifacts.modelled import ARTIFACTS, mape
 from zerobench.fitting.batch_check import batch_check
 
-# Achieved MAPE per artifact over every paper number it has (fit points included), in %.
-ACHIEVED = {"table2": 1.1, "fig2": 13.5, "fig3": 8.1, "fig5": 9.0, "fig6": 2.6, "fig7": 20.8, "fig8": 7.0}
-MARGIN = 1.0  # percentage points
-MISSES_10 = {  # why the 10% target is missed (see docs/perfmodel.md, "What misses")
+# Regression pins, not checks against the paper: each artifact's MAPE over its judged points as the
+# model gives it today (docs/perfmodel.md, "Results against the paper"), in %. A change that makes
+# one worse by more than PIN_MARGIN fails here; one that improves it should lower the pin. They say
+# nothing about whether the model is right: the targets below and the report's verdicts do that.
+REGRESSION_PINS = {"table2": 2.3, "fig2": 15.1, "fig3": 8.1, "fig5": 11.2, "fig6": 3.0, "fig7": 24.1, "fig8": 8.8}
+PIN_MARGIN = 1.0  # percentage points
+MISSES_10 = {  # why the 10% target on the judged points is missed (see docs/perfmodel.md, "What misses")
     "fig2": "MP 4 ZeRO runs 12-24% above the paper, MP 16 8-10% below; baseline 40B's batch 4 does not fit",
+    "fig5": "C2 is +24% (the paper most likely tried only its 60B shape); C4, the one point under 1%, is fitted",
     "fig7": "C3's tabulated batch is impossible without P_a; C2 and C5 disagree with C1's and Fig 3's rates",
 }
 # Paper points more than 25% off, with the reason (docs/perfmodel.md, "What misses").
@@ -43,34 +48,35 @@ def test_all_artifacts_regenerate_fast(frames):
         assert set(df["source"]) <= {"modelled", "formula"}
 
 
-@pytest.mark.parametrize("name", sorted(ACHIEVED))
-def test_mape_pinned(frames, name):
-    value, worst, points = mape(frames[name])
+@pytest.mark.parametrize("name", sorted(REGRESSION_PINS))
+def test_judged_mape_regression_pin(frames, name):
+    value, worst, points = mape(frames[name], judged_only=True)
     assert points > 0
-    assert value <= ACHIEVED[name] + MARGIN, f"{name}: MAPE {value:.1f}% (pinned {ACHIEVED[name]}%)"
+    pin = REGRESSION_PINS[name]
+    assert value <= pin + PIN_MARGIN, f"{name}: judged MAPE {value:.1f}% (pinned {pin}%)"
 
 
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=pytest.mark.xfail(reason=MISSES_10[n], strict=True)) if n in MISSES_10 else n
-     for n in sorted(ACHIEVED)],
+     for n in sorted(REGRESSION_PINS)],
 )  # fmt: skip
-def test_mape_target_10_percent(frames, name):
-    assert mape(frames[name])[0] <= 10.0
+def test_judged_mape_target_10_percent(frames, name):
+    assert mape(frames[name], judged_only=True)[0] <= 10.0
 
 
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=pytest.mark.xfail(reason="; ".join(r for (a, _), r in MISSES_25.items() if a == n),
                                              strict=True)) if any(a == n for a, _ in MISSES_25) else n
-     for n in sorted(ACHIEVED)],
+     for n in sorted(REGRESSION_PINS)],
 )  # fmt: skip
-def test_no_point_worse_than_25_percent(frames, name):
-    assert mape(frames[name])[1] <= 25.0
+def test_no_judged_point_worse_than_25_percent(frames, name):
+    assert mape(frames[name], judged_only=True)[1] <= 25.0
 
 
 def test_points_worse_than_25_percent_are_the_known_ones(frames):
-    worse = {(n, k) for n in ACHIEVED for k, e in zip(frames[n]["key"], frames[n]["error_pct"], strict=True)
+    worse = {(n, k) for n in REGRESSION_PINS for k, e in zip(frames[n]["key"], frames[n]["error_pct"], strict=True)
              if e == e and e is not None and abs(float(e)) > 25.0}  # fmt: skip
     assert worse == set(MISSES_25)  # a new one is a regression, a fixed one an update
 
@@ -105,7 +111,10 @@ def test_fig8_peak_in_the_middle(frames):
     peak = zero.index(max(zero))
     assert 0 < peak < len(zero) - 1
     limits = df[df.series == "max model (B)"].set_index("key")["ours"]
-    assert 12 <= limits["max model ZeRO-DP"] <= 14.5 and 1.2 <= limits["max model DDP"] <= 1.6
+    assert 1.2 <= limits["max model DDP"] <= 1.6  # judged: the paper's 1.4B
+    # a fit point of reserve_bytes (constants.FITTED), not a reproduced shape: this pins the fit
+    assert df.set_index("key").loc["max model ZeRO-DP", "role"] == "fitted"
+    assert 12 <= limits["max model ZeRO-DP"] <= 14.5
 
 
 def test_fig2_baseline_collapses_beyond_one_node(frames):
