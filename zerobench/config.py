@@ -69,6 +69,13 @@ class ModelConfig:
         h = self.hidden
         return self.layers * (12 * h * h + 13 * h) + self.vocab * h + self.seq * h + 2 * h
 
+    @property
+    def largest_param_numel(self) -> int:
+        """Elements of the largest single parameter, whole (before any MP split): the tied
+        embedding V·h, the positions s·h or an MLP weight 4h·h."""
+        h = self.hidden
+        return max(self.vocab * h, self.seq * h, 4 * h * h)
+
     def with_overrides(self, **shape) -> ModelConfig:
         """A copy with the given shape fields replaced (None means keep)."""
         changes = {k: v for k, v in shape.items() if v is not None}

@@ -15,6 +15,7 @@ the whole tensor and keeps its slice, so every layout starts from the single-pro
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -117,24 +118,35 @@ class GPT(_Cast):
         self.vocab = TiedVocab()
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """GPT-2 init from a seeded generator on the weights' device, so every rank builds the
-        same weights (and a GPU builds a large model without a trip through host memory). A sliced
-        parameter draws its full tensor, as the single-process model does, and keeps its slice."""
-        gen = torch.Generator(device=self.wte.device).manual_seed(seed)
+    def initial_values(self, seed: int, device: torch.device) -> Iterator[torch.Tensor]:
+        """This rank's initial value of every parameter, in `named_parameters` order, one at a
+        time and in fp32: GPT-2 init from a seeded generator on `device`, so every rank draws the
+        same stream (and a GPU builds a large model without a trip through host memory). A sliced
+        parameter draws its full tensor, as the single-process model does, and yields its slice.
+        Drawing one parameter at a time is what lets an engine build in the memory it trains in:
+        beside what it keeps, it holds at most one full parameter in fp32."""
+        gen = torch.Generator(device=device).manual_seed(seed)
         std = 0.02
         residual_std = std / math.sqrt(2 * self.cfg.layers)  # GPT-2: scale residual projections
+        one = torch.ones((), device=device)
         for name, p in self.named_parameters():
             if name.endswith("bias"):
-                p.zero_()
+                yield one.new_zeros(()).expand(p.shape)  # a constant needs no storage of its shape
             elif "ln" in name:
-                p.fill_(1.0)
+                yield one.expand(p.shape)
             else:
                 s = residual_std if name.endswith("proj.weight") else std
                 split = getattr(p, "mp_split", None)
                 shape = p.shape if split is None else split.full_shape(p.shape)
-                full = torch.randn(shape, generator=gen, device=gen.device) * s
-                p.copy_(full if split is None else split.local(full))
+                full = torch.randn(shape, generator=gen, device=device).mul_(s)  # in place: one full tensor
+                yield full if split is None else split.local(full)
+                del full  # before the next is drawn (the caller drops its reference too)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Every parameter set to its initial value (`initial_values`), in place."""
+        for p, value in zip(self.parameters(), self.initial_values(seed, self.wte.device)):
+            p.copy_(value)
 
     def set_dtypes(self, storage: torch.dtype, compute: torch.dtype) -> GPT:
         self.to(storage)

@@ -21,7 +21,10 @@ Per GPU, in bytes (paper §3, §5, §6):
   DeepSpeed's stage 1 of May 2020 flattens every rank's sub-partitions to reduce-scatter them
   (not ZeRO-OS, `zero_os_stage1`; docs/perfmodel.md "Gradient copies");
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
-  unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases).
+  unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases);
+- construction, apart from training: the peak while the engine is built (memory.build_peak_bytes:
+  the parameters' storage plus one whole parameter in fp32, or the model states if larger).
+  A configuration fits when both its training and its construction peak do.
 Other codes than the paper's, by Calibration switches (off by default; docs/perfmodel.md "External
 validation"): PyTorch FSDP's stage 3 (`fsdp`: gathered units, not buckets), a fused cross-entropy
 (`fused_cross_entropy`), NeMo/Megatron O2's fp32 main-gradient buffer (`fp32_main_grads`).
@@ -33,7 +36,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.memory import checkpoint_bytes, model_state_bytes
+from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import HardwareProfile
@@ -55,6 +58,7 @@ class MemoryBreakdown:
     buffer_bytes: float
     reduce_transient_bytes: float  # held while gradients are reduced, after backward freed activations
     usable_bytes: float  # device memory minus reserve and fragmentation
+    build_bytes: float  # the peak while the engine is built, before training (memory.build_peak_bytes)
 
     @property
     def model_state_bytes(self) -> float:
@@ -71,8 +75,18 @@ class MemoryBreakdown:
         return self.model_state_bytes + self.buffer_bytes + max(self.activation_bytes, self.reduce_transient_bytes)
 
     @property
-    def fits(self) -> bool:
+    def trains(self) -> bool:
+        """The training peak fits."""
         return self.total_bytes <= self.usable_bytes
+
+    @property
+    def builds(self) -> bool:
+        """The construction peak fits."""
+        return self.build_bytes <= self.usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.trains and self.builds
 
     def cached_bytes(self, cal: Calibration) -> float:
         """What PyTorch's caching allocator holds at peak: the allocated peak plus a share of the
@@ -130,11 +144,13 @@ def breakdown(
 ) -> MemoryBreakdown:
     if hw.ranks_share_compute:  # this engine on a CPU host, as its RSS grows (engine_memory.py)
         peak = engine_peak(model, parallel, precision, micro_batch, hw)
-        states = peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"]
+        parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
+        states = sum(parts.values())
         return MemoryBreakdown(
-            param_bytes=peak["param_bytes"], grad_bytes=peak["grad_bytes"], optimizer_bytes=peak["optimizer_bytes"],
-            checkpoint_bytes=peak["activations"], working_bytes=tensor_peak(peak) - states - peak["activations"],
+            **parts, checkpoint_bytes=peak["activations"],
+            working_bytes=tensor_peak(peak) - states - peak["activations"],
             buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=hw.memory_bytes,
+            build_bytes=build_peak_bytes(parts, model.largest_param_numel) + peak["runtime"],
         )  # fmt: skip
     p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch
@@ -179,6 +195,7 @@ def breakdown(
         buffer_bytes=buffers,
         reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
         usable_bytes=hw.memory_bytes - reserve - lost,
+        build_bytes=build_peak_bytes(states, model.largest_param_numel),
     )
 
 

@@ -92,7 +92,8 @@ class StorageCounter(FakeTensorMode):
             for t, category in self.retag():
                 self._see(t, category, force=True)
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            # a meta tensor (the model before the engine builds it) is a shape, not memory
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.fake_device.type != "meta":
                 self._see(t, self.phase)
         if self.total >= self.peak:  # >=: what the last op allocated was retagged by this one
             self.reset_peak()
@@ -149,7 +150,8 @@ def _state_tensors(engine) -> dict[str, list[torch.Tensor]]:
 @contextmanager
 def traced_engine(spec: TrialSpec):
     """`build_engine(spec)` as rank 0 of a fake world, under fake tensors and a StorageCounter
-    that has filed the engine's model states; yields (engine, ctx, comms, counter)."""
+    that has filed the engine's model states and noted the construction's peak (`build_peak`);
+    yields (engine, ctx, comms, counter)."""
     holder = []
     counter = StorageCounter(lambda: holder[0].transient_states() if holder else ())
     with fake_world(spec.parallel.world_size):
@@ -157,6 +159,7 @@ def traced_engine(spec: TrialSpec):
         comms = Comms()
         with counter:
             holder.append(build_engine(spec, ctx, comms, torch.device("cpu")))
+            counter.build_peak = counter.peak  # the construction's own peak, before any step resets it
             for category, tensors in _state_tensors(holder[0]).items():
                 counter.tag(tensors, category)
             yield holder[0], ctx, comms, counter
@@ -164,9 +167,14 @@ def traced_engine(spec: TrialSpec):
 
 def trace_states(spec: TrialSpec) -> dict[str, int]:
     """The model-state bytes of this rank as the engine allocates them when it is built (param,
-    grad, optimizer); a step changes none of them (tests/unit/test_trace.py pins it)."""
+    grad, optimizer; a step changes none of them: tests/unit/test_trace.py pins it)."""
+    return {k: v for k, v in _built(spec).items() if k != "build_peak"}
+
+
+def _built(spec: TrialSpec) -> dict[str, int]:
+    """The model states of this rank once the engine is built, and the construction's peak."""
     with traced_engine(spec) as (*_, counter):
-        return {k: counter.bytes[k] for k in ("param", "grad", "optimizer")}
+        return {**{k: counter.bytes[k] for k in ("param", "grad", "optimizer")}, "build_peak": counter.build_peak}
 
 
 def trace_step(spec: TrialSpec) -> dict:
@@ -202,6 +210,7 @@ def trace_step(spec: TrialSpec) -> dict:
             "peak_breakdown": counter.peak_bytes,
             "high": dict(counter.high),
             "engine_state_bytes": engine.model_state_bytes(),
+            "build_peak": counter.build_peak,
             "ledger": comms.ledger.as_dict(),
             "build_s": built - t0,
             "step_s": time.perf_counter() - built,
@@ -214,11 +223,12 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
     t0, cpu0 = time.perf_counter(), time.process_time()
     if states_only:
         try:
-            states = trace_states(spec)
+            states = _built(spec)
         except Exception as exc:
             return spec.record("traced", status="error", error=short_error(exc))
         return spec.record(
             "traced", param_bytes=states["param"], grad_bytes=states["grad"], optimizer_bytes=states["optimizer"],
+            build_peak_bytes=states["build_peak"],
             extra={"memory_counter": COUNTER, "states_only": True, "trace_cpu_seconds": time.process_time() - cpu0},
         )  # fmt: skip
     try:
@@ -238,6 +248,7 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
         optimizer_bytes=after["optimizer"],
         activation_bytes=out["activation_bytes"],
         peak_allocated_bytes=out["peak_bytes"],
+        build_peak_bytes=out["build_peak"],
         comm=comm,
         extra={
             "memory_counter": COUNTER,

@@ -4,8 +4,8 @@ time steps, and make the record. The rank worker and the launcher are in zeroben
 The trained thing is composed, as torchtitan composes it: the plain GPT (zerobench/model.py) is
 built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3),
 checkpointed per block with ZeRO-R's P_a / P_a+cpu / M_D (`apply_activation_checkpointing`, §6),
-materialized and initialized on the device, and wrapped in its ZeRO-DP stage's engine
-(`apply_zero`, §5)."""
+and wrapped in its ZeRO-DP stage's engine (`apply_zero`, §5), which allocates on the device only
+what its stage keeps and fills it from the model's initial values, one parameter at a time."""
 
 from __future__ import annotations
 
@@ -29,33 +29,25 @@ from zerobench.zero import apply_zero
 from zerobench.zero.activations import apply_activation_checkpointing, checkpoint_store
 
 
-def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device) -> GPT:
-    """This rank's model: split over its MP group, checkpointed as the spec says, initialized with
-    the single-process weights (its slice of them) in the storage dtype."""
-    with torch.device("meta"):  # shapes only: a rank never holds more than its own slice
+def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms) -> GPT:
+    """This rank's model on the meta device (shapes only, nothing allocated): split over its MP
+    group, checkpointed as the spec says, in the storage dtype. The engine allocates it."""
+    with torch.device("meta"):
         model = GPT(spec.model)
     apply_tensor_parallel(model, ctx.mp, comms)
     if spec.parallel.checkpoint_activations:
         apply_activation_checkpointing(model, spec.parallel, ctx.mp, comms)
-    _materialize(model, device)
-    model.init_weights(spec.train.seed)
     return model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
 
 
-def _materialize(model: torch.nn.Module, device: torch.device) -> None:
-    """`Module.to_empty(device)`, but each parameter keeps its attributes (an MP split): to_empty
-    makes new Parameter objects when leaving the meta device, without them."""
-    for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
-            # torch.empty, not empty_like: empty_like of a meta tensor imports ~500 modules (34 MiB of RSS)
-            new = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=device), requires_grad=p.requires_grad)
-            new.__dict__.update({k: v for k, v in p.__dict__.items() if k not in new.__dict__})  # not a fake's device
-            setattr(module, name, new)
-
-
 def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
-    """The model and its engine for this rank (every stage, every precision)."""
-    return apply_zero(build_model(spec, ctx, comms, device), ctx, spec.parallel, spec.precision, spec.train, comms)
+    """The model and its engine for this rank (every stage, every precision), built in the memory
+    it trains in: the engine allocates only what its stage keeps and fills it from the
+    single-process model's initial values, one parameter at a time (paper §5.3: no rank holds the
+    whole model)."""
+    model = build_model(spec, ctx, comms)
+    values = model.initial_values(spec.train.seed, device)
+    return apply_zero(model, ctx, spec.parallel, spec.precision, spec.train, comms, device, values)
 
 
 def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
@@ -113,8 +105,13 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     """Every rank: build, warm up, time `spec.train.steps` steps; returns the record (the same on
     every rank: losses and peaks are reduced over the ranks)."""
     rss_base = memory.reset_peak_rss()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     comms = Comms()
     engine = build_engine(spec, ctx, comms, device)
+    # the construction's peak: what the build added to RSS on CPU, the most allocated on GPU
+    built = peak_memory(device)
+    build_peak = built[1] if device.type == "cuda" else built[0] - rss_base
     if spec.mem_cap_bytes is not None:  # model states alone over the cap: stop before training (every rank)
         states = torch.tensor([float(sum(engine.model_state_bytes().values()))], dtype=torch.float64, device=device)
         Comms().all_reduce(states, ctx.world, op=dist.ReduceOp.MAX)
@@ -144,7 +141,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     metrics.all_reduce(loss_t, ctx.dp)
     loss_t /= ctx.dp.size
     peak = peak_memory(device)
-    peaks = torch.tensor([*peak, peak[0] - rss_base], dtype=torch.float64, device=device)
+    peaks = torch.tensor([*peak, peak[0] - rss_base, build_peak], dtype=torch.float64, device=device)
     metrics.all_reduce(peaks, ctx.world, op=dist.ReduceOp.MAX)
     step_time = statistics.median(times)
     steps = spec.train.steps
@@ -174,6 +171,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
         peak_rss_bytes=int(peaks[0]),
         peak_allocated_bytes=int(peaks[1]) if cuda else None,
         peak_reserved_bytes=int(peaks[2]) if cuda else None,
+        build_peak_bytes=int(peaks[4]),
         comm=comm,
         losses=[float(v) for v in loss_t],
         first_loss=float(loss_t[0]),

@@ -13,6 +13,7 @@ parallelism), stage1.py (P_os), stage2.py (P_os+g), stage3.py (P_os+g+p).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -29,14 +30,27 @@ def packed_layout(named: list[tuple[str, torch.Tensor]], nd: int, bucket_bytes: 
     return FlatLayout([(n, tuple(p.shape)) for n, p in named], nd, bucket_bytes // dtype.itemsize)
 
 
-def place_flat(params: list[torch.Tensor], layout: FlatLayout, dtype, device) -> torch.Tensor:
-    """Every parameter moved into one flat buffer (returned); from here on they are views of it."""
+def place_flat(values: Iterator[torch.Tensor], layout: FlatLayout, dtype, device) -> torch.Tensor:
+    """One flat buffer (returned) with each parameter's initial value, taken one at a time from
+    `values`, written into its slot."""
     flat = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
-    for p, slot in zip(params, layout.slots):
-        view = flat[slot.offset : slot.offset + slot.numel]
-        view.copy_(p.detach().reshape(-1))
-        p.data = view.view(slot.shape)
+    for value, slot in zip(values, layout.slots, strict=True):
+        flat[slot.offset : slot.offset + slot.numel].copy_(value.reshape(-1))
+        del value  # before the next is drawn: one full parameter at a time
     return flat
+
+
+def adopt(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Every parameter of `model` (built on the meta device, or materialized) replaced by one of
+    `dtype` on `device` that holds no storage — a zero-stride expansion of one element — keeping
+    its attributes (an MP split). The engine then points each at its place in the flat buffer or
+    shard: nothing of the whole model is ever allocated (DeepSpeed's zero.Init, FSDP2's meta init)."""
+    zero = torch.zeros((), dtype=dtype, device=device)
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            new = torch.nn.Parameter(zero.expand(p.shape), requires_grad=p.requires_grad)
+            new.__dict__.update({k: v for k, v in p.__dict__.items() if k not in new.__dict__})
+            setattr(module, name, new)
 
 
 def gather_updated(comms: Comms, flat: torch.Tensor, bucket: Bucket, dp: Group) -> Handle:
@@ -87,14 +101,26 @@ class ZeroEngine:
         precision: PrecisionConfig,
         train: TrainConfig,
         comms: Comms,
+        device: torch.device | None = None,
+        values: Iterable[torch.Tensor] | None = None,
     ):
         if parallel.stage != self.stage:
             raise ValueError(f"stage={parallel.stage}: {type(self).__name__} runs stage {self.stage}")
         self.model, self.ctx, self.parallel, self.train, self.comms = model, ctx, parallel, train, comms
         self.dtype = precision.storage_dtype
+        first = next(model.parameters())
+        self.device = device or first.device
+        if self.device.type == "meta":
+            raise ValueError("device: a model on the meta device needs the device to build on")
+        if values is None:
+            if first.device.type == "meta":
+                raise ValueError("values: a model on the meta device needs its initial values")
+            values = [p.detach() for p in model.parameters()]  # a materialized model: its own values
+        # the initial values, consumed once, in parameter order, by the stage's placement
+        self._values: Iterator[torch.Tensor] = iter(values)
+        adopt(model, self.dtype, self.device)
         self.named = list(model.named_parameters())
         self.params = [p for _, p in self.named]
-        self.device = self.params[0].device
         self.scaler = LossScaler(precision.loss_scaling, precision.initial_loss_scale, precision.loss_scale_window)
         self.pool = BufferPool(self.dtype, self.device)  # freed bucket buffers, reused within a pass
         self._in_flight: deque = deque()  # (bucket, handle, finish) of the reductions under way, in issue order
@@ -105,10 +131,13 @@ class ZeroEngine:
         self._overlap_step = train.clip_norm <= 0 and not self.scaler.enabled and self.dtype == torch.float32
 
     def _flat(self) -> FlatLayout:
-        """Stages 0–2: the parameters packed in order into C_B buckets and moved into one flat
-        buffer, `flat_param`; returns the layout."""
+        """Stages 0–2: the parameters packed in order into C_B buckets of one flat buffer,
+        `flat_param`, filled with their initial values; from here on each parameter is a view of
+        it. Returns the layout."""
         layout = packed_layout(self.named, self.ctx.dp.size, self.parallel.bucket_bytes, self.dtype)
-        self.flat_param = place_flat(self.params, layout, self.dtype, self.device)
+        self.flat_param = place_flat(self._values, layout, self.dtype, self.device)
+        for p, slot in zip(self.params, layout.slots):
+            p.data = self.flat_param[slot.offset : slot.offset + slot.numel].view(slot.shape)
         return layout
 
     def _attach(self, layout: FlatLayout, owned, param_pieces, grads, partitioned: bool) -> None:

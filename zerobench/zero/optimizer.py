@@ -34,8 +34,12 @@ class ShardedAdam:
         sizes = [p.numel() for p in params]
         total = sum(sizes)
         self.mixed = params[0].dtype != torch.float32
-        self.master_flat = torch.cat([p.float() for p in params]) if self.mixed else None
         dev = params[0].device
+        self.master_flat = None
+        if self.mixed:  # filled piece by piece: a cat of fp32 upcasts would hold the master twice
+            self.master_flat = torch.empty(total, device=dev)
+            for dst, p in zip(self.master_flat.split(sizes), params):
+                dst.copy_(p)
         self.exp_avg_flat = torch.zeros(total, device=dev)
         self.exp_avg_sq_flat = torch.zeros(total, device=dev)
         self.master = list(self.master_flat.split(sizes)) if self.mixed else params

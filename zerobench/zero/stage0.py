@@ -19,8 +19,8 @@ from zerobench.zero.core import FullGradients, ZeroEngine
 class Stage0(ZeroEngine):
     stage = 0
 
-    def __init__(self, model, ctx, parallel, precision, train, comms):
-        super().__init__(model, ctx, parallel, precision, train, comms)
+    def __init__(self, model, ctx, parallel, precision, train, comms, device=None, values=None):
+        super().__init__(model, ctx, parallel, precision, train, comms, device, values)
         layout = self._flat()
         owned = [(b.start, b.start + b.padded) for b in layout.buckets]  # every bucket, whole
         pieces = [self.flat_param[lo:hi] for lo, hi in owned]

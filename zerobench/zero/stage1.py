@@ -21,8 +21,8 @@ from zerobench.zero.core import FullGradients, ZeroEngine, gather_updated
 class Stage1(ZeroEngine):
     stage = 1
 
-    def __init__(self, model, ctx, parallel, precision, train, comms):
-        super().__init__(model, ctx, parallel, precision, train, comms)
+    def __init__(self, model, ctx, parallel, precision, train, comms, device=None, values=None):
+        super().__init__(model, ctx, parallel, precision, train, comms, device, values)
         layout = self._flat()
         owned = [b.owned(ctx.dp.rank) for b in layout.buckets]  # this rank's chunk of each bucket
         pieces = [self.flat_param[lo:hi] for lo, hi in owned]

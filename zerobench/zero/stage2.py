@@ -66,8 +66,8 @@ class PartitionedGradients:
 class Stage2(ZeroEngine):
     stage = 2
 
-    def __init__(self, model, ctx, parallel, precision, train, comms):
-        super().__init__(model, ctx, parallel, precision, train, comms)
+    def __init__(self, model, ctx, parallel, precision, train, comms, device=None, values=None):
+        super().__init__(model, ctx, parallel, precision, train, comms, device, values)
         layout = self._flat()
         owned = [b.owned(ctx.dp.rank) for b in layout.buckets]
         grads = PartitionedGradients(layout, ctx.dp, comms, self.pool)

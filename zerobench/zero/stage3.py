@@ -80,8 +80,8 @@ class Stage3(ZeroEngine):
 
     stage = 3
 
-    def __init__(self, model, ctx, parallel, precision, train, comms):
-        super().__init__(model, ctx, parallel, precision, train, comms)
+    def __init__(self, model, ctx, parallel, precision, train, comms, device=None, values=None):
+        super().__init__(model, ctx, parallel, precision, train, comms, device, values)
         dp = ctx.dp
         layout, modules, self.managed, self.bucket_names = module_layout(
             model, self.named, dp.size, parallel.persistence_threshold, parallel.bucket_bytes, self.dtype
@@ -109,23 +109,25 @@ class Stage3(ZeroEngine):
 
     # -- storage --------------------------------------------------------------------------------
     def _place(self, layout: FlatLayout) -> None:
-        """This rank's chunk of every partitioned bucket into `shard`, from the parts of the
-        parameters that meet it (no whole bucket is built: at N_d = 400 a chunk meets one or two
-        parameters), padding zero; persistent buckets whole, in `whole`."""
+        """This rank's chunk of every partitioned bucket into `shard`, persistent buckets whole in
+        `whole`, each written from the parts of the parameters' initial values that meet it, one
+        parameter at a time (no whole bucket is built: at N_d = 400 a chunk meets one or two
+        parameters), padding zero."""
         rank, dtype, buckets = self.ctx.dp.rank, self.dtype, layout.buckets
         ranges = [b.owned(rank) if b.index < self.managed else (b.start, b.start + b.padded) for b in buckets]
-        parts: list[list[torch.Tensor]] = [[] for _ in buckets]
-        with torch.no_grad():
-            for i, j, lo, hi in overlaps(layout.slots, ranges):
-                offset = layout.slots[j].offset
-                parts[i].append(self.params[j].reshape(-1)[lo - offset : hi - offset].to(dtype))
-            for (lo, hi), mine in zip(ranges, parts):
-                done = sum(t.numel() for t in mine)
-                if done < hi - lo:
-                    mine.append(torch.zeros(hi - lo - done, dtype=dtype, device=self.device))
-            self.shard = torch.cat([t for mine in parts[: self.managed] for t in mine] or [torch.zeros(0, dtype=dtype)])
-            self.whole = {b.index: torch.cat(parts[b.index]) for b in buckets[self.managed :]}
+        self.shard = torch.zeros(sum(b.chunk for b in buckets[: self.managed]), dtype=dtype, device=self.device)
         self._shard_pieces = list(self.shard.split([b.chunk for b in buckets[: self.managed]]))
+        self.whole = {b.index: torch.zeros(b.padded, dtype=dtype, device=self.device) for b in buckets[self.managed :]}
+        dest = self._shard_pieces + [self.whole[b.index] for b in buckets[self.managed :]]
+        parts: list[list[tuple[int, int, int]]] = [[] for _ in layout.slots]  # per parameter: (bucket, lo, hi)
+        for i, j, lo, hi in overlaps(layout.slots, ranges):
+            parts[j].append((i, lo, hi))
+        with torch.no_grad():
+            for j, value in enumerate(self._values):
+                flat, offset = value.reshape(-1), layout.slots[j].offset
+                for i, lo, hi in parts[j]:
+                    dest[i][lo - ranges[i][0] : hi - ranges[i][0]].copy_(flat[lo - offset : hi - offset])
+                del value, flat  # before the next is drawn: one full parameter at a time
         # a released parameter's data, one per shape (shared: it has no storage of its own to
         # write), made here so that releasing dispatches no op
         released = torch.zeros((), dtype=dtype, device=self.device)
