@@ -87,3 +87,24 @@ def test_perfmodel_reads_the_bands_without_importing_fitting():
     code = ("import sys; from zerobench.perfmodel.predict import model_record, band; band('a100-80gb', 8, 1, 3); "
             "sys.exit(any(m.startswith('zerobench.fitting') for m in sys.modules))")  # fmt: skip
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_today_figure_draws_each_modelled_bar_with_its_band():
+    """The error bar's ends, read back from the drawn figure, are the value ± its band; an
+    unvalidated bar gets none."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from zerobench.artifacts.plots.paper import today
+
+    df = pd.DataFrame(dict(experiment=["100B", "100B"], hardware=["a100-80gb", "h100-80gb"], gpu=["A100", "H100"],
+                           ours=[100.0, 300.0], paper=[None, None], source="modelled", status="ok",
+                           error_band_pct=[10.0, "unvalidated"]))  # fmt: skip
+    fig = plt.figure()
+    today(df, fig)
+    ax = fig.axes[0]
+    ends = [seg[:, 1] for coll in ax.collections for seg in getattr(coll, "get_segments", list)()]
+    plt.close(fig)
+    assert len(ends) == 1 and sorted(ends[0]) == pytest.approx([90.0, 110.0])

@@ -151,6 +151,7 @@ def sweep(records: list[dict]) -> pd.DataFrame:
             paper=None, error_pct=None, reference="none (your sweep)", role="judged", step_time_s=r.get("step_time_s"),
             samples_per_s=r.get("samples_per_s"), model_states_gb=gb["param"] + gb["grad"] + gb["optimizer"],
             activations_gb=gb["activation"], peak_gb=(r.get("peak_allocated_bytes") or 0) / 1e9,
+            error_band_pct=r.get("error_band_pct"),
         ))  # fmt: skip
     return pd.DataFrame(rows)
 

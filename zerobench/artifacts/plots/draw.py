@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from zerobench.artifacts.plots.bands import errorbar  # noqa: E402
 from zerobench.artifacts.plots.paper import FIGURES  # noqa: E402
 from zerobench.artifacts.plots.scaling import fig3, superlinear  # noqa: E402
 from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER  # noqa: E402
@@ -118,6 +119,8 @@ def compare(df: pd.DataFrame, fig, source_label: str) -> None:
         y = list(range(len(sub)))
         src = sub.source.iloc[0] if "source" in sub and len(sub) else source_label
         ax.barh([v + 0.2 for v in y], sub.ours.fillna(0), 0.4, label=f"ours ({src})")
+        for v, (ours, band) in enumerate(zip(sub.ours, sub.get("error_band_pct", [None] * len(sub)))):
+            errorbar(ax, v + 0.2, ours, band, horizontal=True)
         if sub.paper.notna().any():
             ax.barh([v - 0.2 for v in y], sub.paper.fillna(0), 0.4, color="none", edgecolor="black", label="paper")
         for v, (ours, status) in enumerate(zip(sub.ours, sub.get("status", [None] * len(sub)))):

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib.colors import LogNorm
 from matplotlib.patches import Patch
 
+from zerobench.artifacts.plots.bands import errorbar
 from zerobench.artifacts.plots.style import COLORS as STAGE_COLORS
 from zerobench.artifacts.plots.style import PAPER
 from zerobench.config import STAGE_LABELS
@@ -52,6 +53,8 @@ def bars(ax, df: pd.DataFrame, group: str, member: str, members: list | None = N
                 continue
             if pd.notna(r[value]):
                 ax.bar(xi, r[value], width, color=color, hatch=HATCH.get(r.source, ""), edgecolor="white", lw=0)
+                if value == "ours":
+                    errorbar(ax, xi, r[value], r.get("error_band_pct"))
             else:
                 ax.text(xi, 0, f" {r.get('status', 'n/a')}", rotation=90, ha="center", va="bottom", fontsize=7)
         ax.bar(0, 0, 0, color=color, label=str(name))  # legend entry only
