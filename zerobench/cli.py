@@ -6,18 +6,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 
-from zerobench.cli_args import configs, hardware_args, mib, model_args, parallel_args, train_args
-from zerobench.config import ConfigError
-from zerobench.sweeps.modelled import sweep_args
-from zerobench.sweeps.search import policy_args
+from zerobench.cli_args import configs, mib, trial_args
+from zerobench.config import NOMINAL_BILLIONS, PRESETS, ConfigError
+from zerobench.perfmodel import estimate_text
+from zerobench.results import read_record, write_record
+from zerobench.runtime import allocator
+from zerobench.runtime.procs import process_tree
+from zerobench.sweeps.modelled import modelled, sweep_args
+from zerobench.sweeps.search import listed_flags, searched
+from zerobench.trial import TrialSpec, new_record
 
 
-def _trial_spec(args):
-    from zerobench.trial import TrialSpec
-
-    model, parallel, precision, train = configs(args)
+def _trial_spec(args) -> TrialSpec:
+    model, parallel, precision, train = configs(vars(args))
     cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
     return TrialSpec(
         model, parallel, precision, train, args.out, args.timeout, data=args.data, mem_cap_bytes=cap,
@@ -26,40 +32,29 @@ def _trial_spec(args):
 
 
 def cmd_run(args) -> int:
-    from zerobench.sweeps.search import searched
-
-    record = searched(args, _run_once)
+    listed = _trial_spec(args)
+    record = searched(listed, vars(args), lambda spec: _run_once(args, spec, listed))
     if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
-        from zerobench.results import write_record
-
         write_record(record, args.out)
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
 
 
-def _run_once(args) -> dict:
+def _run_once(args, spec: TrialSpec, listed: TrialSpec) -> dict:
     if args.time_limit:
-        configs(args)  # refuse a bad configuration here, without importing torch in this process
-        return _run_with_time_limit(args, args.time_limit)
-    from zerobench.runtime.launch import run_trial
+        return _run_with_time_limit(args, spec, listed)
+    from zerobench.runtime.launch import run_trial  # imports torch: not for a time-limited parent
 
-    return run_trial(_trial_spec(args))
+    return run_trial(spec)
 
 
-def _run_with_time_limit(args, limit: float) -> dict:
-    """This same command in a child process; past `limit` seconds it is killed with the launcher
-    and every rank, and the record says `timeout`."""
-    import os
-    import signal
-    import subprocess
-
-    from zerobench.results import read_record, write_record
-    from zerobench.runtime.procs import process_tree
-    from zerobench.sweeps.search import pinned
-
+def _run_with_time_limit(args, spec: TrialSpec, listed: TrialSpec) -> dict:
+    """This same command at `spec`'s sizes in a child process; past `args.time_limit` seconds it is
+    killed with the launcher and every rank, and the record says `timeout`."""
+    limit = args.time_limit
     if not args.out:
         raise ConfigError("time_limit: needs --out (the record is written there)")
-    argv = [*args.argv, *pinned(args), "--time-limit", "0"]  # this attempt's sizes, no search of its own
+    argv = [*args.argv, *listed_flags(spec, listed), "--time-limit", "0"]  # this attempt's sizes, no search of its own
     child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *argv])
     try:
         child.wait(timeout=limit)
@@ -69,50 +64,45 @@ def _run_with_time_limit(args, limit: float) -> dict:
                 os.kill(pid, signal.SIGKILL)
         child.wait()
         error = f"over the time limit of {limit:g} s"
-        write_record(_trial_spec(args).record("measured", status="timeout", error=error), args.out)
+        write_record(spec.record("measured", status="timeout", error=error), args.out)
     if not os.path.exists(args.out):
         error = f"exit code {child.returncode}"
-        write_record(_trial_spec(args).record("measured", status="error", error=error), args.out)
+        write_record(spec.record("measured", status="error", error=error), args.out)
     return read_record(args.out)
 
 
 def _write_infeasible(args, exc: ConfigError) -> None:
     """A layout that cannot run is a result row (status infeasible), not a crash."""
-    from zerobench.results import write_record
-    from zerobench.trial import new_record
-
     source = {"run": "measured", "trace": "traced", "model": "modelled"}[args.command]
     fields = {k: getattr(args, k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch")}
     write_record(new_record(source, status="infeasible", error=str(exc), **fields), args.out)
 
 
 def cmd_table(args) -> int:
-    from zerobench.artifacts.tables import build
+    from zerobench.artifacts.tables import build  # pandas and the artifact modules: not for a trial
 
     build(args.kind, args.records, args.sheet).to_csv(args.out, index=False)
     return 0
 
 
 def cmd_plot(args) -> int:
-    from zerobench.artifacts.plots.draw import plot
+    from zerobench.artifacts.plots.draw import plot  # matplotlib: not for a trial
 
     plot(args.kind, args.table, args.out, args.title)
     return 0
 
 
 def cmd_report(args) -> int:
-    from zerobench.artifacts.report import write_report
+    from zerobench.artifacts.report import write_report  # pandas: not for a trial
 
     write_report(args.sheets, args.tables, args.out, peers=args.peers)
     return 0
 
 
 def cmd_trace(args) -> int:
-    from zerobench.results import write_record
-    from zerobench.runtime.trace import trace_record
-    from zerobench.trial import TrialSpec
+    from zerobench.runtime.trace import trace_record  # imports torch
 
-    model, parallel, precision, train = configs(args)
+    model, parallel, precision, train = configs(vars(args))
     record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out), args.states_only)
     if args.out:
         write_record(record, args.out)
@@ -121,10 +111,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_model(args) -> int:
-    from zerobench.results import write_record
-    from zerobench.sweeps.modelled import modelled
-
-    record = modelled(args)
+    record = modelled(vars(args))
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -132,8 +119,7 @@ def cmd_model(args) -> int:
 
 
 def cmd_estimate(args) -> int:
-    model, parallel, precision, train = configs(args)
-    from zerobench.perfmodel import estimate_text
+    model, parallel, precision, train = configs(vars(args))
 
     attention = args.attention or "fused"
     print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node, attention=attention))
@@ -141,7 +127,7 @@ def cmd_estimate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from zerobench.calibrate.machine import main as calibrate
+    from zerobench.calibrate.machine import main as calibrate  # imports torch
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
@@ -151,8 +137,6 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    from zerobench.config import NOMINAL_BILLIONS, PRESETS
-
     for name, cfg in PRESETS.items():
         nominal = f"{NOMINAL_BILLIONS[name]:g}B" if name in NOMINAL_BILLIONS else "-"
         print(f"{name:18s} L={cfg.layers:<4d} h={cfg.hidden:<5d} heads={cfg.heads:<4d} "
@@ -161,12 +145,12 @@ def cmd_presets(args) -> int:
 
 
 def cmd_peers(args) -> int:
+    # torch, and DeepSpeed where installed
     from zerobench.peers.harness import IMPLEMENTATIONS
     from zerobench.peers.runner import run_peers, write_csv
     from zerobench.peers.summary import peers_markdown, plot_peers
-    from zerobench.trial import TrialSpec
 
-    model, parallel, precision, train = configs(args)
+    model, parallel, precision, train = configs(vars(args))
     if precision.mode != "fp32" or precision.device != "cpu":
         raise ConfigError(f"precision={precision.mode}/{precision.device}: the peers compare fp32 on cpu")
     if train.grad_accum != 1:
@@ -194,67 +178,41 @@ def _summarise(record: dict) -> None:
     print(json.dumps({k: record.get(k) for k in keys if record.get(k) is not None}, indent=1))
 
 
-def allocator_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allocator", default="system", choices=("auto", "jemalloc", "system"),
-                   help="host allocator on CPU (runtime/allocator.py); auto: jemalloc when installed")  # fmt: skip
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zerobench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="one measured trial (launches its own ranks, or joins torchrun)")
-    for add in (model_args, parallel_args, train_args):
-        add(run)
+    trial_args(run, "run")
     run.add_argument("--out", help="write the record here (JSON)")
-    run.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
-    run.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective (or a step) may wait")
     run.add_argument("--save", metavar="DIR", help="write a sharded checkpoint here after the timed steps")
     run.add_argument("--resume", metavar="DIR", help="load this checkpoint (any dp, stage) and continue from it")
-    run.add_argument("--data", default="synthetic", help="synthetic, or a text file / shipped corpus (byte tokens)")
-    run.add_argument("--mem-cap-mb", type=float, help="per-rank budget (MiB); exceeding it is status oom")
     run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
-    allocator_arg(run)
-    policy_args(run)
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
-    for add in (model_args, parallel_args, train_args):
-        add(trace)
+    trial_args(trace, "trace")
     trace.add_argument("--out", help="write the record here (JSON)")
-    trace.add_argument(
-        "--states-only", action="store_true", help="build the engine and count its model states, no step"
-    )
-    trace.add_argument("--gpus", type=int, help="world size: dp = gpus / mp (not a multiple: infeasible)")
     trace.set_defaults(fn=cmd_trace)
-    for name, fn, text in (
-        ("model", cmd_model, "one modelled record from the performance model"),
-        ("estimate", cmd_estimate, "does it fit, at what batch, how fast"),
-    ):
-        s = sub.add_parser(name, help=text)
-        model_args(s)
-        parallel_args(s)
-        train_args(s)
-        hardware_args(s)
-        if name == "model":
-            s.add_argument("--out", help="write the record here (JSON)")
-            s.add_argument("--zero-os", action="store_true", help="P_os as ZeRO-OS (Feb 2020: no gradient copy)")
-            policy_args(s)
-        s.set_defaults(fn=fn)
+    model = sub.add_parser("model", help="one modelled record from the performance model")
+    trial_args(model, "model")
+    model.add_argument("--out", help="write the record here (JSON)")
+    model.set_defaults(fn=cmd_model)
+    estimate = sub.add_parser("estimate", help="does it fit, at what batch, how fast")
+    trial_args(estimate, "estimate")
+    estimate.set_defaults(fn=cmd_estimate)
     cal = sub.add_parser("calibrate", help="microbenchmark this machine -> a measured hardware profile")
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--out", default="calibrated-cpu", help="profile JSON path, or NAME (results/profiles/NAME.json)")
     cal.add_argument("--group-sizes", default="2", help="collective group sizes to measure, comma-separated")
     cal.add_argument("--passes", type=int, help="grid sweeps (default 5; 1: quick, one MP step round)")
-    allocator_arg(cal)
+    trial_args(cal, "calibrate")
     cal.set_defaults(fn=cmd_calibrate)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
     sweep_args(sub.add_parser("sweep", help="a sheet's modelled groups in one process, one record per trial"))
     peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
-    for add in (model_args, parallel_args, train_args):
-        add(peers)
+    trial_args(peers, "peers")
     peers.add_argument("--impls", help="comma-separated implementations (default: all, or those of --stage)")
     peers.add_argument("--out", default="results/peers.csv", help="CSV to write")
     peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
-    peers.add_argument("--timeout", type=float, default=1800.0, help="seconds a collective may wait")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records -> one artifact's CSV")
     table.add_argument(
@@ -284,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
-            from zerobench.runtime import allocator
-
             allocator.use(args.allocator, args.argv)
         return args.fn(args)
     except ConfigError as exc:

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.fields import FIELDS, SOURCES
 
-SOURCES = ("measured", "traced", "modelled")
 STATUSES = ("ok", "oom", "infeasible", "timeout", "error")
 
 
@@ -147,30 +147,29 @@ def new_record(source: str, **fields) -> dict:
     return TrialRecord(source=source, **{**fields, "extra": fields.get("extra") or {}}).as_dict()
 
 
+def _columns(prefix: str, **configs) -> dict:
+    """The record columns of the trial fields (zerobench/fields.py) read from `configs` by name,
+    those whose attribute starts with `prefix`."""
+    out = {}
+    for f in FIELDS.values():
+        if f.column and f.column[1].startswith(prefix):
+            config, attribute = f.column[1].split(".")
+            out[f.column[0]] = getattr(configs[config], attribute)
+    return out
+
+
 def model_columns(model: ModelConfig) -> dict:
-    return {
-        "model": model.name,
-        "num_params": model.num_params,
-        "layers": model.layers,
-        "hidden": model.hidden,
-        "heads": model.heads,
-        "seq": model.seq,
-        "vocab": model.vocab,
-    }
+    return {**_columns("model.", model=model), "num_params": model.num_params}
 
 
 def trial_columns(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, train: TrainConfig) -> dict:
     """The columns a configuration fills, for every source (a modelled record passes `device`
-    and `hardware` itself)."""
-    p = parallel
+    and `hardware` itself): the trial fields' own, and what follows from them."""
     return {
-        **model_columns(model),
-        **dict(dp=p.dp, mp=p.mp, world_size=p.world_size, stage=p.stage),
-        **dict(checkpoint_activations=p.checkpoint_activations, partition_activations=p.partition_activations),
-        **dict(offload_activations=p.offload_activations, contiguous_buffers=p.contiguous_buffers),
-        **dict(bucket_bytes=p.bucket_bytes, precision=precision.mode, device=precision.device),
-        **dict(micro_batch=train.micro_batch, grad_accum=train.grad_accum, steps=train.steps),
-        "global_batch": global_batch(p, train),
+        **_columns("", model=model, parallel=parallel, precision=precision, train=train),
+        "num_params": model.num_params,
+        "world_size": parallel.world_size,
+        "global_batch": global_batch(parallel, train),
     }
 
 
@@ -186,7 +185,7 @@ class TrialSpec:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     out: str | None = None
-    timeout_s: float = 1800.0  # a collective that waits longer than this fails the trial
+    timeout_s: float = FIELDS["timeout"].default  # a collective that waits longer than this fails the trial
     data: str = "synthetic"  # token source: "synthetic" or a text corpus (zerobench.runtime.batches.token_source)
     mem_cap_bytes: int | None = None  # per-rank memory budget; a trial that would exceed it is status oom
     resume: str | None = None  # a training-state snapshot to load first; steps continue from its data position

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from zerobench import cli, cli_args
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.fields import FIELDS as TRIAL_FIELDS
 from zerobench.trial import TrialSpec
 
 EXAMPLES = 550  # per fuzzer; each must try at least MIN_TRIED, so a run fuzzes >= 1000 configurations
@@ -19,7 +20,7 @@ FIELDS = {
     f.name
     for cls in (ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig)
     for f in cls.__dataclass_fields__.values()
-} | {"model", "precision", "gpus", "bucket_mb", "prefetch_mb", "zero_config"}
+} | set(TRIAL_FIELDS)
 
 ints = st.one_of(st.integers(-3, 10), st.sampled_from([2**31, 2**64, 10**30]))
 floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -1.0, 1e-9, 0.5, 1.0, 1e300]))
@@ -94,7 +95,7 @@ def _fuzz(strategy, check) -> int:
 def _check_argv(args):
     parsed = cli.parser().parse_args(args)
     try:
-        model, parallel, precision, train = cli_args.configs(parsed)
+        model, parallel, precision, train = cli_args.configs(vars(parsed))
         TrialSpec(model, parallel, precision, train)
     except ConfigError as exc:
         _assert_named(exc)

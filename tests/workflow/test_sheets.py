@@ -105,9 +105,10 @@ def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypat
 
     ran = []
 
-    def run_once(args):
-        ran.append(args.micro_batch)
-        return new_record("measured", status="ok" if args.micro_batch <= 5 else "oom", micro_batch=args.micro_batch)
+    def run_once(args, spec, listed):
+        batch = spec.train.micro_batch
+        ran.append(batch)
+        return new_record("measured", status="ok" if batch <= 5 else "oom", micro_batch=batch)
 
     monkeypatch.setattr(cli, "_run_once", run_once)
     out = tmp_path / "r.json"
@@ -176,12 +177,11 @@ def test_committed_paper_records_join_their_sheets():
 
 def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
     """Under --time-limit each attempt is a child process: its flags pin the attempt's size."""
-    from zerobench.sweeps.search import pinned
+    from zerobench.sweeps.search import at_size, listed_flags
 
     argv = ["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--layers", "8"]
-    args = cli.parser().parse_args(argv)
-    args.micro_batch = 5  # the attempt
-    child = cli.parser().parse_args([*argv, *pinned(args)])
+    listed = cli._trial_spec(cli.parser().parse_args(argv))
+    child = cli.parser().parse_args([*argv, *listed_flags(at_size(listed, "micro_batch", 5), listed)])
     assert (child.micro_batch, child.micro_batch_policy) == (5, "listed")
     assert (child.layers, child.layers_policy) == (8, "listed")
 

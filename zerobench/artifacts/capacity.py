@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from zerobench.artifacts import vs_measured as vs
 from zerobench.artifacts.common import error_pct, state_bytes
 from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
@@ -26,8 +27,6 @@ def _calibrated():
     """The calibrated model's (peak bytes of a trial, largest parameters under its budget), or None
     until this machine has a calibrated profile (`zerobench calibrate`, or the model_vs_measured
     table, which calibrates when none exists)."""
-    from zerobench.artifacts import vs_measured as vs
-
     if not vs.profile_path().exists():
         return None
     hw = vs.calibrated_profile()

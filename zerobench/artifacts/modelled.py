@@ -18,13 +18,12 @@ from zerobench.artifacts.common import mape
 from zerobench.artifacts.paper_tables import BUILDERS
 from zerobench.config import ConfigError
 from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.sweeps.modelled import model_trial
 from zerobench.sweeps.sheets import load_sheet, sheet_trials
 
 
 def modelled_table(name: str, cal: Calibration = DEFAULT) -> pd.DataFrame:
     """The sheet `name`'s table from its modelled trials, predicted under `cal`."""
-    from zerobench.sweeps.modelled import model_trial
-
     sheet = load_sheet(name)
     trials = [t for group in sheet_trials(sheet) for t in group if t["source"] == "modelled"]
     return BUILDERS[sheet["table"]]([(t, model_trial(t, cal)) for t in trials])

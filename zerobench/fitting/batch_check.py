@@ -14,6 +14,7 @@ import pandas as pd
 from zerobench.artifacts.common import paper
 from zerobench.artifacts.paper_tables import _size
 from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.sweeps.modelled import model_trial
 from zerobench.sweeps.sheets import load_sheet, sheet_trials
 
 
@@ -33,8 +34,6 @@ def _label(artifact: str, trial: dict, record: dict) -> str | None:
 def batch_check(cal: Calibration = DEFAULT) -> pd.DataFrame:
     """Per listed run: the listed batch (Fig 3: the paper's pick among its sweep), the largest the
     model allows, and whether it fits."""
-    from zerobench.sweeps.modelled import model_trial
-
     runs: dict[str, list] = {}
     for artifact in ("fig2", "fig3", "fig7", "fig8", "fig6"):
         for group in sheet_trials(load_sheet(artifact)):

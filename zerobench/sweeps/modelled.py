@@ -1,6 +1,6 @@
-"""Many modelled trials in one process: one Snakemake job per sheet group, one record per trial
-(issue 15 item 9). A `zerobench model` process spends ~0.2 s importing; a prediction takes about
-a millisecond, so a group of a thousand trials costs about what one process does.
+"""Many modelled trials in one process: one Snakemake job per sheet group, one record per trial. A
+`zerobench model` process spends most of its time importing, a prediction far less, so a group
+of a thousand trials costs about what one process does.
 
     zerobench sweep SHEET --group N [--smoke] --outdir DIR   # DIR/<trial id>.json per trial
 """
@@ -9,42 +9,40 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
+from zerobench.cli_args import configs
 from zerobench.config import ConfigError
+from zerobench.fields import defaults
+from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.results import write_record
 from zerobench.sweeps import sheets
 from zerobench.sweeps.search import searched
-from zerobench.trial import new_record
-
-_PARSER: list[argparse.ArgumentParser] = []  # the CLI's parser, built once per process
+from zerobench.trial import TrialSpec, new_record
 
 
-def modelled(args: argparse.Namespace, cal: Calibration = DEFAULT) -> dict:
-    """The modelled record of parsed `zerobench model` arguments, under their batch/depth policy;
-    `--zero-os` models P_os as ZeRO-OS (calibration.zero_os_stage1)."""
-    from zerobench.cli_args import configs
-    from zerobench.perfmodel import model_record
-
-    if args.zero_os:
+def modelled(values: Mapping, cal: Calibration = DEFAULT) -> dict:
+    """The modelled record of a trial's field values (parsed `zerobench model` flags, or a sheet's
+    trial), under its batch/depth policy; `zero_os` models P_os as ZeRO-OS (zero_os_stage1)."""
+    v = {**defaults("model"), "command": "model", **values}
+    if v["zero_os"]:
         cal = cal.replace(zero_os_stage1=True)
-    return searched(
-        args,
-        lambda a: model_record(*configs(a), a.hardware, a.gpus_per_node, cal, attention=a.attention or "materialized"),
-    )
+    attention = v["attention"] or "materialized"
+
+    def predict(spec: TrialSpec) -> dict:
+        return model_record(spec.model, spec.parallel, spec.precision, spec.train, v["hardware"], v["gpus_per_node"],
+                            cal, attention=attention)  # fmt: skip
+
+    return searched(TrialSpec(*configs(v)), v, predict)
 
 
 def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
     """One sheet trial through the performance model: its record, `infeasible` where the layout
     cannot exist (the message names the field)."""
-    if not _PARSER:
-        from zerobench.cli import parser
-
-        _PARSER.append(parser())
-    args = _PARSER[0].parse_args(["model", *sheets.trial_flags(trial)])
     try:
-        return modelled(args, cal)
+        return modelled(trial, cal)
     except ConfigError as exc:
         fields = {k: trial.get(k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch", "hardware")}
         return new_record("modelled", status="infeasible", error=str(exc), **fields)

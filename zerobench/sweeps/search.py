@@ -1,4 +1,4 @@
-"""The paper's "largest that fits, up to the listed value" as a trial policy (issue 15).
+"""The paper's "largest that fits, up to the listed value" as a trial policy.
 
 The paper ran each configuration at its listed micro-batch where that fitted, else at the largest
 that did (AE Tables 1-6), and searched the largest model per configuration by depth (Fig 5, Fig 8,
@@ -10,23 +10,25 @@ engine (each attempt a measured trial: it tries, steps down on OOM) and the perf
 
 from __future__ import annotations
 
-import argparse
-import copy
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 
-from zerobench.config import ConfigError, preset
+from zerobench.config import ConfigError
+from zerobench.trial import TrialSpec
 
-POLICIES = ("listed", "largest_fits")
-SEARCHED = {"micro_batch_policy": "micro_batch", "layers_policy": "layers"}
+SEARCHED = {"micro_batch_policy": "micro_batch", "layers_policy": "layers"}  # policy field -> the size it picks
 
 
-def policy_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("what runs where the listed size does not fit")
-    for policy, field in SEARCHED.items():
-        g.add_argument(
-            "--" + policy.replace("_", "-"), choices=POLICIES, default="listed",
-            help=f"largest_fits: the largest {field} that fits, up to the listed one (bisection on OOM)",
-        )  # fmt: skip
+def size(spec: TrialSpec, field: str) -> int:
+    """The trial's micro-batch or depth."""
+    return spec.train.micro_batch if field == "micro_batch" else spec.model.layers
+
+
+def at_size(spec: TrialSpec, field: str, value: int) -> TrialSpec:
+    """The same trial at another micro-batch or depth."""
+    if field == "micro_batch":
+        return dataclasses.replace(spec, train=dataclasses.replace(spec.train, micro_batch=value))
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, layers=value))
 
 
 def largest_that_fits(attempt: Callable[[int], dict], upper: int) -> tuple[dict, list[list]]:
@@ -59,33 +61,26 @@ def largest_that_fits(attempt: Callable[[int], dict], upper: int) -> tuple[dict,
     return best, attempts
 
 
-def searched(args: argparse.Namespace, attempt: Callable[[argparse.Namespace], dict]) -> dict:
-    """`attempt(args)` under the policies in `args`: once as listed, or searched; the record
-    carries `listed_<field>`, `policy` and `attempts` where a search ran."""
-    fields = [field for policy, field in SEARCHED.items() if getattr(args, policy, "listed") == "largest_fits"]
+def searched(spec: TrialSpec, policies: Mapping, attempt: Callable[[TrialSpec], dict]) -> dict:
+    """`attempt(spec)` under the policies in `policies` (a trial's field values): once as listed,
+    or searched; the record carries `listed_<field>`, `policy` and `attempts` where a search ran."""
+    fields = [field for policy, field in SEARCHED.items() if policies.get(policy, "listed") == "largest_fits"]
     if not fields:
-        return attempt(args)
+        return attempt(spec)
     if len(fields) > 1:
         raise ConfigError("layers_policy: search the micro-batch or the depth, not both at once")
     field = fields[0]
-    upper = getattr(args, field) or getattr(preset(args.model), field)
-    if not isinstance(upper, int) or upper < 1:
-        raise ConfigError(f"{field}={upper!r}: the listed upper bound must be an integer >= 1")
-
-    def at(value: int) -> dict:
-        trial = copy.copy(args)
-        setattr(trial, field, value)
-        return attempt(trial)
-
-    record, attempts = largest_that_fits(at, upper)
+    upper = size(spec, field)
+    record, attempts = largest_that_fits(lambda value: attempt(at_size(spec, field, value)), upper)
     return {**record, f"listed_{field}": upper, "policy": f"largest_fits {field}", "attempts": attempts}
 
 
-def pinned(args: argparse.Namespace) -> list[str]:
-    """Flags that make a child process run exactly `args`' sizes, without a search of its own."""
+def listed_flags(spec: TrialSpec, listed: TrialSpec) -> list[str]:
+    """Flags that make a child process of the `listed` trial's command run exactly `spec`'s
+    sizes, without a search of its own: every policy `listed`, and each size that differs."""
     flags = []
     for policy, field in SEARCHED.items():
         flags += ["--" + policy.replace("_", "-"), "listed"]
-        if getattr(args, field) is not None:
-            flags += ["--" + field.replace("_", "-"), str(getattr(args, field))]
+        if size(spec, field) != size(listed, field):
+            flags += ["--" + field.replace("_", "-"), str(size(spec, field))]
     return flags

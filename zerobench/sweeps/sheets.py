@@ -16,60 +16,19 @@ from pathlib import Path
 import yaml
 
 from zerobench.config import ConfigError
+from zerobench.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, takes
 
 SHEET_DIR = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
-SOURCES = ("measured", "traced", "modelled")
-
-# Trial field -> (tag in the trial id, flag of `zerobench run|trace|model`), in id order. The
-# first block's order is that of the committed records' ids: append new fields, never insert.
-FIELDS: dict[str, tuple[str, str | None]] = {
-    "model": ("", "--model"),
-    "layers": ("L", "--layers"),
-    "hidden": ("h", "--hidden"),
-    "heads": ("a", "--heads"),
-    "seq": ("s", "--seq"),
-    "vocab": ("v", "--vocab"),
-    "gpus": ("g", "--gpus"),
-    "dp": ("dp", "--dp"),
-    "mp": ("mp", "--mp"),
-    "stage": ("z", "--stage"),
-    "precision": ("", "--precision"),
-    "micro_batch": ("b", "--micro-batch"),
-    "grad_accum": ("ga", "--grad-accum"),
-    "checkpoint_activations": ("ckpt", "--checkpoint-activations"),
-    "bucket_mb": ("cb", "--bucket-mb"),
-    "steps": ("n", "--steps"),
-    "warmup": ("w", "--warmup"),
-    "seed": ("seed", "--seed"),
-    "data": ("", "--data"),
-    "mem_cap_mb": ("cap", "--mem-cap-mb"),
-    "hardware": ("", "--hardware"),
-    # the paper's run choices (issue 15): C1-C5, ZeRO-R switches, how the batch / depth is chosen
-    "zero_config": ("", "--zero-config"),
-    "partition_activations": ("pa", "--partition-activations"),
-    "offload_activations": ("pacpu", "--offload-activations"),
-    "contiguous_buffers": ("md", "--contiguous-buffers"),
-    "micro_batch_policy": ("bpol-", "--micro-batch-policy"),
-    "layers_policy": ("Lpol-", "--layers-policy"),
-    "zero_os": ("zeroos", "--zero-os"),
-    "attention": ("attn-", "--attention"),
-    "states_only": ("states", "--states-only"),
-    "allocator": ("", "--allocator"),
-    # a name for the point in the artifact's table (e.g. "Fig 2 ZeRO 8B"); not a flag
-    "label": (None, None),
-    # the same measured trial run again (1, 2, ...): its own record, for a table that takes the
-    # median over the runs, at the times the workflow happens to schedule them; not a flag
-    "repeat": ("rep", None),
-}
+SCHEMA = SHEET_DIR.parents[1] / "schemas" / "sheet.schema.yaml"
 GROUP_KEYS = ("source", "base", "cases", "grid", "smoke")
 
 
 def _check_fields(fields, where: str) -> None:
     if not isinstance(fields, dict):
         raise ConfigError(f"{where}: must be a mapping of trial fields, got {fields!r}")
-    unknown = [k for k in fields if k not in FIELDS]
+    unknown = [k for k in fields if k not in SHEET_FIELDS]
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; trial fields are {sorted(FIELDS)}")
+        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; trial fields are {sorted(SHEET_FIELDS)}")
 
 
 def check_sheet(sheet: dict, name: str) -> None:
@@ -126,10 +85,11 @@ def expand_group(group: dict, smoke: bool = False) -> list[dict]:
 
 
 def trial_id(trial: dict) -> str:
-    """A readable, unique name: the source, then each set field as tag + value."""
+    """A readable, unique name: the source, then each set field as its tag + value, in the
+    fields' order (zerobench/fields.py)."""
     parts = []
-    for name, (tag, _) in FIELDS.items():
-        value = trial.get(name)
+    for name in SHEET_FIELDS:
+        tag, value = FIELDS[name].tag, trial.get(name)
         if tag is None or value is None or value is False:
             continue
         if value is True:
@@ -139,28 +99,18 @@ def trial_id(trial: dict) -> str:
     return f"{trial['source']}_" + "-".join(parts)
 
 
-# Fields only the performance model reads: a measured trial runs on whatever the cluster has,
-# and the engine has its own stage 1 and attention. A traced trial cannot run out of memory, so
-# it takes no batch or depth policy.
-MODEL_ONLY = ("hardware", "zero_os", "attention")
-TRACE_ONLY = ("states_only",)
-MEASURED_ONLY = ("allocator",)  # the host allocator a real run's RSS depends on (zerobench/runtime/allocator.py)
-NOT_TRACED = ("micro_batch_policy", "layers_policy")
-
-
 def trial_flags(trial: dict) -> list[str]:
-    """The trial's command-line flags for its source's command (world size from the sheet, never
-    from resources; `--gpus` sets dp = gpus / mp, and a layout where that fails is infeasible)."""
-    source = trial["source"]
-    skip = (MODEL_ONLY if source != "modelled" else ()) + (NOT_TRACED if source == "traced" else ())
-    skip += TRACE_ONLY if source != "traced" else ()
-    skip += MEASURED_ONLY if source != "measured" else ()
+    """The trial's command-line flags for its source's command, the fields that command takes
+    (world size from the sheet, never from resources; `--gpus` sets dp = gpus / mp, and a layout
+    where that fails is infeasible). A measured trial runs on whatever the cluster has, so it
+    takes no hardware profile."""
+    command = COMMAND[trial["source"]]
     flags = []
-    for name, (_, flag) in FIELDS.items():
+    for name in SHEET_FIELDS:
         value = trial.get(name)
-        if flag is None or value is None or value is False or name in skip:
+        if value is None or value is False or not takes(command, name):
             continue
-        flags += [flag] if value is True else [flag, str(value)]
+        flags += [FIELDS[name].option] if value is True else [FIELDS[name].option, str(value)]
     return flags
 
 

@@ -1,0 +1,196 @@
+"""The package's imports run one way: no cycle, and no layer importing a layer above it.
+
+Every module of zerobench is parsed (never imported), and every import counts, those inside
+functions too: an in-function import hides a cycle from Python, not from this test. The layers,
+top to bottom; a module may import its own layer and those below it:
+
+    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers -> perfmodel, runtime
+    -> zero -> parallel -> the ground floor (config, fields, trial, results, model, ...)
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import zerobench
+
+ROOT = Path(zerobench.__file__).resolve().parent
+LAYERS = (
+    ("cli", "checks", "fitting"),  # the seam and the tools that use everything below
+    ("artifacts",),
+    ("sweeps", "calibrate", "peers"),
+    ("perfmodel", "runtime"),
+    ("zero",),
+    ("parallel",),
+    ("config", "fields", "trial", "results", "model", "memory", "flops", "cli_args", "clock"),
+)
+# In-function imports of the package that state no reason yet; this list only shrinks (an entry
+# that is gone fails the test, so it cannot go stale).
+UNEXPLAINED = {
+    ("zerobench.artifacts.report", "zerobench.artifacts.superlinear"),
+    ("zerobench.artifacts.report", "zerobench.peers.summary"),
+    ("zerobench.artifacts.table1", "zerobench.runtime.trace"),
+    ("zerobench.artifacts.table1", "zerobench.trial"),
+    ("zerobench.calibrate.engine_runs", "zerobench.config"),
+    ("zerobench.calibrate.engine_runs", "zerobench.perfmodel.engine_memory"),
+    ("zerobench.calibrate.engine_runs", "zerobench.perfmodel.network"),
+    ("zerobench.calibrate.engine_runs", "zerobench.perfmodel.predict"),
+    ("zerobench.calibrate.engine_runs", "zerobench.runtime.allocator"),
+    ("zerobench.calibrate.kernels", "zerobench.config"),
+    ("zerobench.calibrate.kernels", "zerobench.model"),
+    ("zerobench.calibrate.kernels", "zerobench.zero.optimizer"),
+    ("zerobench.calibrate.machine", "zerobench.parallel.comms"),
+    ("zerobench.calibrate.machine", "zerobench.parallel.topology"),
+    ("zerobench.checks.gpu_check", "zerobench.cli_args"),
+    ("zerobench.checks.gpu_check", "zerobench.fields"),
+    ("zerobench.checks.gpu_check", "zerobench.perfmodel"),
+    ("zerobench.checks.gpu_check", "zerobench.perfmodel.kernels"),
+    ("zerobench.perfmodel.kernels", "zerobench.config"),
+    ("zerobench.runtime.devices", "zerobench.perfmodel.hardware"),
+}
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package at `root`."""
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(root: Path) -> list[tuple[str, str, bool, bool]]:
+    """(importer, imported module of the package, inside a function, a comment says why) for
+    every import statement; `from package import name` counts as the submodule where one exists."""
+    mods = modules(root)
+    package = root.name
+    out = []
+    for name, path in mods.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        lazy = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                for n in ast.walk(f)}  # fmt: skip
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the importer's package, up level - 1
+                    up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            above = node.lineno - 2  # the comment may head a block of imports
+            while above > 0 and lines[above].strip().startswith(("from ", "import ")):
+                above -= 1
+            said = "#" in lines[node.lineno - 1] or lines[above].strip().startswith("#")
+            for target in targets:
+                while target not in mods and "." in target:
+                    target = target.rpartition(".")[0]
+                if target.split(".")[0] == package and target in mods and target != name:
+                    out.append((name, target, id(node) in lazy, said))
+    return out
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    out = {name: set() for name in modules(root)}
+    for importer, imported, _, _ in imports(root):
+        out[importer].add(imported)
+    return out
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer(module: str) -> int:
+    """The index of the module's layer in LAYERS (0 the top); the package itself is the top."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 0
+    for i, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return i
+    raise AssertionError(f"{module}: in no layer; add {parts[1]!r} to LAYERS")
+
+
+def test_the_package_has_no_import_cycle():
+    assert cycles(graph(ROOT)) == []
+
+
+def test_imports_run_down_the_layers():
+    upward = [f"{a} -> {b}" for a, b, _, _ in imports(ROOT) if layer(b) < layer(a)]
+    assert upward == []
+
+
+def test_in_function_imports_say_why():
+    unexplained = {(a, b) for a, b, lazy, said in imports(ROOT) if lazy and not said}
+    assert unexplained <= UNEXPLAINED, f"in-function imports without a reason: {sorted(unexplained - UNEXPLAINED)}"
+    assert UNEXPLAINED <= unexplained, (
+        f"explained or gone, strike from UNEXPLAINED: {sorted(UNEXPLAINED - unexplained)}"
+    )
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "zerobench"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_cycle_hidden_in_a_function_is_caught(tmp_path):
+    """The test of the test: artifacts.a imports sweeps.b at the top; sweeps.b imports it back
+    inside a function, relatively, as the old cycles did."""
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "artifacts/__init__.py": "",
+        "artifacts/a.py": "from zerobench.sweeps import b\n",
+        "sweeps/__init__.py": "",
+        "sweeps/b.py": "def f():\n    from ..artifacts.a import x\n    return x\n",
+        "config.py": "",
+    })  # fmt: skip
+    assert cycles(graph(root)) == [["zerobench.artifacts.a", "zerobench.sweeps.b"]]
+    lazy = [(a, b, said) for a, b, is_lazy, said in imports(root) if is_lazy]
+    assert lazy == [("zerobench.sweeps.b", "zerobench.artifacts.a", False)]
+    upward = [(a, b) for a, b, _, _ in imports(root) if layer(b) < layer(a)]
+    assert upward == [("zerobench.sweeps.b", "zerobench.artifacts.a")]
+
+
+def test_a_module_in_no_layer_is_refused():
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer("zerobench.newpackage.module")
