@@ -158,7 +158,7 @@ def test_constant_buffer_bound():
 def test_zero_configs_from_the_cli():
     for name, switches in ZERO_CONFIGS.items():
         args = cli.parser().parse_args(["run", "--zero-config", name, "--dp", "2", "--mp", "2"])
-        parallel = cli_args.configs(args)[1]
+        parallel = cli_args.configs(vars(args))[1]
         for key, value in switches.items():
             assert getattr(parallel, key) == value
         assert parallel.checkpoint_activations == bool(switches.get("partition_activations"))  # P_a implies it
