@@ -1,6 +1,7 @@
 """The host allocator choice (zerobench/runtime/allocator.py): bad choices refused by name, and jemalloc as
 the memory trials run it, returning freed pages at once so that RSS holds live allocations."""
 
+import os
 import subprocess
 import sys
 
@@ -28,9 +29,37 @@ def test_bad_choice_is_refused_naming_it():
         allocator.use("tcmalloc", [])
 
 
-def test_this_process_runs_the_system_allocator():
-    assert allocator.in_use() == "system"
-    allocator.use("system", [])  # returns: nothing to re-execute
+# In a fresh interpreter: which allocator it reports, then whether `use(CHOICE, ["presets"])` returned
+# ("stayed") or re-executed the process as `zerobench presets` (which lists the model presets).
+_USE = """
+import sys
+from zerobench.runtime import allocator
+print(allocator.in_use())
+allocator.use(sys.argv[1], ["presets"])
+print("stayed")
+"""
+
+
+def _child(choice: str, preload: bool) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MALLOC_CONF")}
+    if preload:
+        env = {**env, **allocator.preload_env(allocator.jemalloc_path())}
+    out = subprocess.run([sys.executable, "-c", _USE, choice], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_system_stays_in_this_process_and_reports_the_system_allocator():
+    # the oracle is the environment the child was started with: nothing preloaded
+    lines = _child("system", preload=False)
+    assert lines[0] == "system" and lines[1] == "stayed"
+
+
+@pytest.mark.skipif(allocator.jemalloc_path() is None, reason="libjemalloc2 not installed")
+def test_jemalloc_is_reported_where_preloaded_and_taken_by_reexecuting():
+    lines = _child("jemalloc", preload=True)  # already running it: no re-execution
+    assert lines[:2] == ["jemalloc", "stayed"]
+    lines = _child("auto", preload=False)  # not running it: the process becomes `zerobench presets`
+    assert lines[0] == "system" and "stayed" not in lines and "cpu-10m" in lines
 
 
 @pytest.mark.skipif(allocator.jemalloc_path() is None, reason="libjemalloc2 not installed")

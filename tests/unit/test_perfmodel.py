@@ -37,11 +37,19 @@ def test_flops_convention_against_the_gemms_counted_one_by_one():
     )
 
 
-def test_tflops_is_flops_over_step_time():
+def test_tflops_is_the_papers_flops_over_step_time():
+    # The paper's count (§10, after Narayanan et al.) by hand, not through flops.py: ZeRO-100B
+    # (125 layers, h 8192, seq 1024, V 50257) on 400 GPUs at MP 16 is DP 25, so 32 per GPU is
+    # 800 samples a step: 96·B·s·L·h²·(1 + s/6h + V/16Lh) = 6.7547e17 FLOPs with recomputation.
     model, par = PRESETS["gpt-100b"], zero_parallel(400, 16, "C4")
+    assert (model.layers, model.hidden, model.seq, model.vocab) == (125, 8192, 1024, 50257)
+    flops = 96 * 800 * 1024 * 125 * 8192**2 * (1 + 1024 / (6 * 8192) + 50257 / (16 * 125 * 8192))
+    assert flops == pytest.approx(6.7547448612e17)
     pred = predict(model, par, PAPER_PRECISION, TrainConfig(micro_batch=32), "v100-32gb-dgx2")
-    expected = step_flops(model, 32 * 25, True) / 400 / pred.step_time_s / 1e12
-    assert pred.tflops_per_gpu == pytest.approx(expected)
+    assert pred.tflops_per_gpu == pytest.approx(flops / 400 / pred.step_time_s / 1e12)
+    # the same FLOPs over twice the batch per step: twice the work in the step it predicts
+    double = predict(model, par, PAPER_PRECISION, TrainConfig(micro_batch=32, grad_accum=2), "v100-32gb-dgx2")
+    assert double.tflops_per_gpu == pytest.approx(2 * flops / 400 / double.step_time_s / 1e12)
 
 
 def test_alpha_beta_ring_times():
