@@ -87,15 +87,7 @@ def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConf
     computes = args.command in COMPUTING_COMMANDS
     mode = args.precision or default_precision(args.device, computes)
     precision = PrecisionConfig(mode=mode, device=args.device)
-    train = TrainConfig(
-        micro_batch=args.micro_batch,
-        grad_accum=args.grad_accum,
-        steps=args.steps,
-        warmup=args.warmup,
-        lr=args.lr,
-        clip_norm=args.clip_norm,
-        seed=args.seed,
-    )
+    train = TrainConfig(**{f.sets: getattr(args, name) for name, f in FIELDS.items() if f.sets})
     return model, parallel, precision, train
 
 

@@ -31,7 +31,8 @@ class Field:
     """One trial field. `kind` is int, float, str or bool (a switch, off by default); `tag` its
     prefix in a trial id ("" for the bare value, None for none); `flag` False for a sheet-only
     field; `commands` those that take its flag; `schema` further JSON-schema constraints on a
-    sheet's value; `column` (record column, the configuration attribute that fills it)."""
+    sheet's value; `column` (record column, the configuration attribute that fills it); `sets`
+    the TrainConfig attribute the value is, as given."""
 
     name: str
     kind: type
@@ -44,6 +45,7 @@ class Field:
     choices: tuple | None = None
     schema: dict | None = None
     column: tuple[str, str] | None = None
+    sets: str | None = None
 
     def __post_init__(self):
         if self.kind is bool and self.default is None:
@@ -89,17 +91,18 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           "computed on a cpu", "train", tag="", schema={"enum": list(BYTES_PER_PARAM)},
           column=("precision", "precision.mode")),
     Field("micro_batch", int, "sequences per DP rank per micro-step", "train", _T.micro_batch, "b", schema=_POSITIVE,
-          column=("micro_batch", "train.micro_batch")),
+          column=("micro_batch", "train.micro_batch"), sets="micro_batch"),
     Field("grad_accum", int, "micro-batches per step", "train", _T.grad_accum, "ga", schema=_POSITIVE,
-          column=("grad_accum", "train.grad_accum")),
+          column=("grad_accum", "train.grad_accum"), sets="grad_accum"),
     Field("checkpoint_activations", bool, "one checkpoint per block", "parallel", tag="ckpt",
           column=("checkpoint_activations", "parallel.checkpoint_activations")),
     Field("bucket_mb", float, "C_B: fused buffer size in MiB", "parallel", _P.bucket_bytes / MiB, "cb",
           schema={"exclusiveMinimum": 0}, column=("bucket_bytes", "parallel.bucket_bytes")),
-    Field("steps", int, "timed steps", "train", _T.steps, "n", schema=_POSITIVE, column=("steps", "train.steps")),
-    Field("warmup", int, "untimed steps before timing", "train", _T.warmup, "w", schema={"minimum": 0}),
+    Field("steps", int, "timed steps", "train", _T.steps, "n", schema=_POSITIVE, column=("steps", "train.steps"),
+          sets="steps"),
+    Field("warmup", int, "untimed steps before timing", "train", _T.warmup, "w", schema={"minimum": 0}, sets="warmup"),
     Field("seed", int, "seed of the weights and the synthetic batches", "train", _T.seed, "seed",
-          schema={"minimum": 0}),
+          schema={"minimum": 0}, sets="seed"),
     Field("data", str, "synthetic, or a text file / shipped corpus (byte tokens)", "run", "synthetic", "",
           commands=("run",), schema={"pattern": "^[A-Za-z0-9_.-]+$"}),
     Field("mem_cap_mb", float, "per-rank budget (MiB); exceeding it is status oom", "run", tag="cap",
@@ -137,13 +140,15 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           "live", schema={"exclusiveMinimum": 0}),
     Field("persistence_threshold", int, "stage 3: keep tensors this small whole (elements)", "parallel",
           _P.persistence_threshold, "pt", schema={"minimum": 0}),
-    Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}),
+    Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="lr"),
     Field("clip_norm", float, "global gradient-norm clip; 0 disables it", "train", _T.clip_norm, "clip",
-          schema={"minimum": 0}),
+          schema={"minimum": 0}, sets="clip_norm"),
     Field("device", str, "cpu (gloo) or cuda (NCCL); the workflow's config sets it for every trial", "train", "cpu",
           column=("device", "precision.device")),
     Field("gpus_per_node", int, "override the profile's node size", "hardware", tag="gpn", commands=PREDICTS,
           schema=_POSITIVE),
+    Field("weight_decay", float, "AdamW's decoupled weight decay", "train", _T.weight_decay, "wd",
+          schema={"minimum": 0}, sets="weight_decay"),
     Field("timeout", float, "seconds a collective (or a step) may wait", "run", 1800.0, "to",
           commands=("run", "peers"), schema={"exclusiveMinimum": 0}),
 )}  # fmt: skip

@@ -215,3 +215,34 @@ def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     stats = out.stdout.split("Job stats:")[1].split("\n\n")[0]
     assert [line.split() for line in stats.splitlines()[3:]] == [["model_group", "1"], ["table", "1"], ["total", "2"]]
+
+
+def test_the_sheet_schema_is_the_field_table():
+    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/fields.py
+    (`python -m zerobench.sweeps.sheets` rewrites them after a field is added)."""
+    with open(sheets.SCHEMA) as f:
+        schema = yaml.safe_load(f)
+    made = sheets.schema_fields()
+    assert schema["$defs"]["fields"]["properties"] == made["properties"]
+    assert schema["$defs"]["fieldnames"]["enum"] == made["names"]
+    assert made["properties"]["stage"] == {"type": "integer", "minimum": 0, "maximum": 3,
+                                           "description": "ZeRO-DP stage 0-3 (0 = plain DP)"}  # fmt: skip
+    assert "device" not in made["names"]  # the workflow's config sets it for every trial
+
+
+def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
+    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/fields.py: from it
+    the `run` flag, the sheet field, the trial-id tag and the value in the configs."""
+    from zerobench import cli_args
+    from zerobench.fields import FIELDS
+
+    assert FIELDS["weight_decay"].default == 0.0  # TrainConfig's own default
+    args = cli.parser().parse_args(["run", "--weight-decay", "0.1"])
+    assert cli_args.configs(vars(args))[3].weight_decay == 0.1
+    trial = dict(source="measured", model="tiny", dp=2, weight_decay=0.1)
+    sheets.check_sheet({"trials": [dict(source="measured", base=dict(weight_decay=0.1))]}, "t")  # a sheet field
+    assert sheets.trial_id(trial) == "measured_tiny-dp2-wd0.1"
+    assert sheets.trial_flags(trial) == ["--model", "tiny", "--dp", "2", "--weight-decay", "0.1"]
+    assert cli_args.configs({**trial, "command": "run"})[3].weight_decay == 0.1
+    with pytest.raises(ConfigError, match="^weight_decay="):
+        cli_args.configs({"weight_decay": -1.0})

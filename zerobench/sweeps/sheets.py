@@ -114,6 +114,24 @@ def trial_flags(trial: dict) -> list[str]:
     return flags
 
 
+def schema_fields() -> dict:
+    """The sheet schema's trial fields (`$defs.fields`) and their names, made from the table."""
+    properties = {name: FIELDS[name].json_schema() for name in SHEET_FIELDS}
+    return {"properties": properties, "names": list(SHEET_FIELDS)}
+
+
+def write_schema(path: Path = SCHEMA) -> None:
+    """Rewrite the sheet schema's trial fields from the table (after a field is added there)."""
+    with open(path) as f:
+        schema = yaml.safe_load(f)
+    made = schema_fields()
+    schema["$defs"]["fields"]["properties"] = made["properties"]
+    schema["$defs"]["fieldnames"]["enum"] = made["names"]
+    with open(path, "w") as f:
+        f.write("# $defs.fields and fieldnames: made from zerobench/fields.py by python -m zerobench.sweeps.sheets\n")
+        yaml.safe_dump(schema, f, sort_keys=False, width=120, allow_unicode=True)
+
+
 def world_size(trial: dict) -> int:
     return trial.get("gpus") or trial.get("dp", 1) * trial.get("mp", 1)
 
@@ -126,3 +144,7 @@ def sheet_trials(sheet: dict, smoke: bool = False) -> list[list[dict]]:
 def trials_by_id(sheet: dict) -> dict[str, dict]:
     """Every trial of the sheet, at full and smoke scale, by id: the table joins records to them."""
     return {trial_id(t): t for smoke in (False, True) for group in sheet_trials(sheet, smoke) for t in group}
+
+
+if __name__ == "__main__":  # python -m zerobench.sweeps.sheets: rewrite the schema's trial fields
+    write_schema()
