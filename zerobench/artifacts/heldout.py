@@ -37,7 +37,7 @@ def heldout_section(results: Path) -> str | None:
         "## Held-out error: the model on published runs it had not seen",
         "**Leave-one-source-out** (the headline): each A100 source's validation rows, predicted with the "
         "per-GPU constants fitted on the other sources' fit rows only (`results/external_loso.csv`).",
-        head + "\n" + "\n".join(_rows(loso.rename(columns={"held_out": "held"}), "held")),
+        head + "\n" + "\n".join(_rows(loso, "source")),
         f"**Frozen holdout**: {len(hold)} runs of {hold.source.nunique()} sources entered before any model change "
         f"and scored once at revision {rev} (`results/external_holdout.csv`); {len(cannot)} runs the model cannot "
         "express (pipeline stages, unstated layouts) are kept there with the reason and not scored.",
