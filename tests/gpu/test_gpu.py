@@ -1,10 +1,13 @@
 """The GPU path (NCCL, CUDA memory statistics, 16-bit compute). Skipped without CUDA; run by
 scripts/gpu_check.sh on a GPU machine."""
 
+import time
+
 import pytest
 import torch
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
+from zerobench.clock import device_clock
 from zerobench.runtime.launch import run_trial
 from zerobench.trial import TrialSpec
 
@@ -61,3 +64,16 @@ def test_oversized_batch_is_an_oom_record(tmp_path):
     r = run_trial(TrialSpec(**{**spec.__dict__, "out": str(tmp_path / "oom.json")}))
     assert r["status"] == "oom", r
     assert "memory" in r["error"].lower()
+
+
+def test_device_clock_times_the_work_not_its_launch():
+    clock, cycles = device_clock(torch.device("cuda")), 10**8  # a spin of ~50-100 ms at 1-2 GHz
+    torch.cuda._sleep(1000)  # the first kernel's set-up, outside the timings
+    t0 = clock()
+    torch.cuda._sleep(cycles)
+    work = clock() - t0
+    t0 = time.perf_counter()
+    torch.cuda._sleep(cycles)
+    launch = time.perf_counter() - t0  # what an unsynchronized read sees
+    torch.cuda.synchronize()
+    assert work > 0.02 and launch < work / 10, (work, launch)

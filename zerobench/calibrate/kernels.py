@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from zerobench.clock import device_clock
 from zerobench.parallel.comms import Comms
 from zerobench.parallel.tensor_parallel import TensorParallel, VocabShard, vocab_parallel_cross_entropy
 from zerobench.parallel.topology import Group
@@ -52,17 +53,17 @@ CHAIN = 64  # ops in the per-op cost benchmark
 
 
 def timed(fn, device: str, min_s: float = 0.05, reps: int = 3) -> float:
-    """Median seconds of `fn()` over `reps` timings, each repeating it for at least `min_s`."""
+    """Median seconds of `fn()` over `reps` timings, each repeating it for at least `min_s`, on the
+    device clock (each call's work done before the clock is read, the warm-up's before the first)."""
     fn()  # warm-up (first-call allocation, kernel selection)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    clock = device_clock(device)
     samples = []
     for _ in range(reps):
-        n, t0 = 0, time.perf_counter()
+        n, t0 = 0, clock()
         while True:
             fn()
             n += 1
-            sync()
-            if (elapsed := time.perf_counter() - t0) >= min_s:
+            if (elapsed := clock() - t0) >= min_s:
                 break
         samples.append(elapsed / n)
     return statistics.median(samples)
@@ -79,20 +80,18 @@ def stacked_forward_backward(make, device: str, min_s: float = 0.02, first=None)
     out = first[0]()
     nbytes = (sum(t.numel() for t in first[1]) + out.numel()) * out.element_size()
     stack = [first] + [make() for _ in range(min(256, max(1, -(-EVICT_BYTES[device] // nbytes))))]
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    clock = device_clock(device)
     grad = torch.randn_like(out)
     for warm in (True, False):
         f = b = 0.0
         n, t_end = 0, time.perf_counter() + min_s
         while n == 0 or (not warm and time.perf_counter() < t_end):
-            t0 = time.perf_counter()
+            t0 = clock()
             outs = [forward() for forward, _ in stack]
-            sync()
-            t1 = time.perf_counter()
+            t1 = clock()
             for out in reversed(outs):
                 out.backward(grad)
-            sync()
-            f, b, n = f + t1 - t0, b + time.perf_counter() - t1, n + len(stack)
+            f, b, n = f + t1 - t0, b + clock() - t1, n + len(stack)
             for _, leaves in stack:
                 for t in leaves:
                     t.grad = None

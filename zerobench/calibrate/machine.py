@@ -44,6 +44,7 @@ from zerobench.calibrate.kernels import (
     op_overhead,
     timed,
 )
+from zerobench.clock import device_clock
 from zerobench.config import ConfigError
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
@@ -82,7 +83,7 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=size)
     group = Group("calibrate", size, rank, dist.group.WORLD)
-    comms, rows = Comms(), []
+    comms, rows, clock = Comms(), [], device_clock(device)
     warm = torch.ones(COLLECTIVE_NUMEL[0] * size, device=device)
     for _ in range(COLLECTIVE_CALLS):  # the first calls on a new group set up its connections (ms each)
         comms.all_reduce(warm, group)
@@ -102,9 +103,9 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
             dist.barrier()
             times = []
             for _ in range(COLLECTIVE_CALLS):  # a fixed count: every rank must issue the same calls
-                t0 = time.perf_counter()
+                t0 = clock()  # on CUDA: the transfer, not its launch (Comms waits for its stream too, as in a step)
                 calls[op]()
-                times.append(time.perf_counter() - t0)
+                times.append(clock() - t0)
             entry = comms.ledger.entries[(op, "calibrate")]
             rows.append([op, entry.volume_bytes / entry.calls, statistics.mean(times)])
     sync = _sync_waits(comms, group, device, min(t for op, _, t in rows if op == "all_reduce"))
@@ -119,12 +120,12 @@ def _sync_waits(comms, group, device: str, alone: float) -> list[list[float]]:
     element all-reduce, as an MP rank does between its all-reduces and a DP rank before its
     reduction. The ranks finish their equal work at different times (a shared host's cores run
     unevenly), and the first one waits: the mean wait over ranks and rounds is what a sync adds."""
-    x, tiny = torch.randn(256, 256, device=device), torch.ones(1, device=device)
+    x, tiny, clock = torch.randn(256, 256, device=device), torch.ones(1, device=device), device_clock(device)
     x @ x
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(20):
         x @ x
-    per = torch.tensor([(time.perf_counter() - t0) / 20], dtype=torch.float64, device=device)
+    per = torch.tensor([(clock() - t0) / 20], dtype=torch.float64, device=device)
     comms.all_reduce(per, group, op=dist.ReduceOp.MAX)  # the same work on every rank
     rows = []
     for compute, rounds in SYNC_COMPUTE:
@@ -133,9 +134,9 @@ def _sync_waits(comms, group, device: str, alone: float) -> list[list[float]]:
         for _ in range(rounds):
             for _ in range(n):
                 x @ x
-            t0 = time.perf_counter()
+            t0 = clock()  # on CUDA: once this rank's matmuls are done
             comms.all_reduce(tiny, group)
-            waits.append(time.perf_counter() - t0)
+            waits.append(clock() - t0)
         mean = torch.tensor([statistics.mean(waits)], dtype=torch.float64, device=device)
         comms.all_reduce(mean, group)
         rows.append([n * float(per), max(0.0, float(mean) / group.size - alone)])

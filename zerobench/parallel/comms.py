@@ -15,13 +15,14 @@ reduce-scatter 280–380 ms vs 160–170 ms pairwise, all-gather 210–230 ms vs
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
+from zerobench.clock import stream_sync, tensor_clock
 from zerobench.parallel.topology import Group
 
 _RING_FACTOR = {
@@ -41,7 +42,7 @@ class Entry:
     bytes: int = 0
     volume_elements: float = 0.0  # per-rank ring volume
     volume_bytes: float = 0.0
-    seconds: float = 0.0  # time in the call (sync) or waiting for it (async)
+    seconds: float = 0.0  # time in the call (sync) or waiting for it (async), on the device clock
 
 
 class Ledger:
@@ -66,16 +67,17 @@ class Ledger:
 
 
 class Handle:
-    """An in-flight collective; `wait()` charges the waiting time to its ledger entry."""
+    """An in-flight collective; `wait()` charges the waiting time to its ledger entry, read on
+    `clock` (on CUDA: from when this rank's queued compute is done until the collective is)."""
 
-    def __init__(self, work, entry: Entry | None):
-        self.work, self.entry = work, entry
+    def __init__(self, work, entry: Entry | None, clock: Callable[[], float] | None = None):
+        self.work, self.entry, self.clock = work, entry, clock
 
     def wait(self) -> None:
         if self.work is not None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             self.work.wait()
-            self.entry.seconds += time.perf_counter() - t0
+            self.entry.seconds += self.clock() - t0
             self.work = None
 
 
@@ -134,22 +136,27 @@ def _all_gather_pairwise(out: torch.Tensor, inp: torch.Tensor, group: Group) -> 
 
 
 class Comms:
-    """Collectives over explicit groups, each one counted in `self.ledger`."""
+    """Collectives over explicit groups, each one counted in `self.ledger`; its seconds are read
+    on the clock of the tensor's device (zerobench/clock.py): on CUDA the current stream is
+    waited for before and after a synchronous call, so the seconds are the transfer, not its
+    launch. `synchronize`: see `device_clock`."""
 
-    def __init__(self, ledger: Ledger | None = None):
+    def __init__(self, ledger: Ledger | None = None, synchronize: Callable[[torch.device], None] = stream_sync):
         self.ledger = ledger or Ledger()
+        self.synchronize = synchronize
 
     def _issue(self, op: str, group: Group, numel: int, t: torch.Tensor, fn, async_op: bool):
         if group.size == 1:
             return Handle(None, None)
         entry = self.ledger.record(op, group.name, numel, t.element_size(), group.size)
-        t0 = time.perf_counter()
-        work = fn(async_op)
-        if async_op:
-            return Handle(work, entry)
+        clock = tensor_clock(t, self.synchronize)
+        if async_op:  # no clock read at the issue: on CUDA it would stall the host until compute is done
+            return Handle(fn(True), entry, clock)
+        t0 = clock()
+        work = fn(False)
         if work is not None:  # a pairwise exchange is asynchronous underneath
             work.wait()
-        entry.seconds += time.perf_counter() - t0
+        entry.seconds += clock() - t0
         return Handle(None, entry)
 
     def all_reduce(self, t: torch.Tensor, group: Group, op=dist.ReduceOp.SUM, async_op=False) -> Handle:
@@ -189,9 +196,10 @@ class Comms:
         if op not in ("copy_to_host", "copy_to_device"):
             raise ValueError(f"op={op!r}: must be copy_to_host or copy_to_device")
         entry = self.ledger.record(op, "host", src.numel(), src.element_size(), 1)
-        t0 = time.perf_counter()
+        clock = tensor_clock(src if op == "copy_to_host" else dst, self.synchronize)
+        t0 = clock()
         dst.copy_(src)
-        entry.seconds += time.perf_counter() - t0
+        entry.seconds += clock() - t0
 
     def broadcast(self, t: torch.Tensor, src_rank_in_group: int, group: Group) -> Handle:
         src = dist.get_global_rank(group.pg, src_rank_in_group) if group.size > 1 else 0

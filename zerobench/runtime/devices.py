@@ -3,36 +3,32 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 
 import torch
 
 from zerobench import memory
+from zerobench.clock import device_clock, stream_sync
 
 # CUDA device-name fragments -> hardware profile of zerobench/perfmodel/hardware.py
 _PROFILE_BY_NAME = (("H200", "h200-141gb"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("V100", "v100-32gb-dgx2"))
 
 
 class StepTimer:
-    """Seconds per step. On GPU, CUDA events bracket each step (no host sync inside the timed
-    region; one synchronize when the times are read); on CPU, the wall clock."""
+    """Seconds per step, between marks of the device clock (zerobench/clock.py): on CPU the wall
+    clock; on CUDA the current stream waited for at each mark, so a step's time is its work (the
+    optimizer step queued after the last loss.item() included), not its launch. The one wait per
+    step stops the host from queueing the next step's first kernels early: microseconds of a step.
+    `synchronize`: see `device_clock`."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._marks: list = []
+    def __init__(self, device: torch.device, synchronize: Callable[[torch.device], None] = stream_sync):
+        self._clock = device_clock(device, synchronize)
+        self._marks: list[float] = []
 
     def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._marks.append(event)
-        else:
-            self._marks.append(time.perf_counter())
+        self._marks.append(self._clock())
 
     def times(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self._marks, self._marks[1:])]  # ms -> s
         return [b - a for a, b in zip(self._marks, self._marks[1:])]
 
 
