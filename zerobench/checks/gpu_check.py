@@ -1,9 +1,13 @@
-"""The GPU check (project issue 9), run once on a lent GPU by scripts/gpu_check.sh.
+"""The GPU check, run once on a lent GPU by scripts/gpu_check.sh: measured steps beside the
+performance model.
 
 Sweeps the micro-batch for two presets that fit one GPU (stages 0 and 3, dp = 1, bf16, activation
 checkpointing), each trial `zerobench run` in its own process (an OOM ends only that trial), and
-puts every measured record beside the performance model's prediction for the same configuration
-on the device's hardware profile: `OUT/compare.csv` with the error of each predicted number.
+puts every measured record beside the model's prediction for the same trial: on the datasheet
+profile of the device (the record's `hardware`) and, when given, on the profile `zerobench
+calibrate` measured on it just before. The prediction uses the attention kernel the engine runs
+(perfmodel/kernels.py, ENGINE_ATTENTION). `OUT/compare.csv`: one row per trial, each predicted
+number with its error 100·(predicted − measured)/measured.
 """
 
 from __future__ import annotations
@@ -15,49 +19,90 @@ import time
 from pathlib import Path
 
 from zerobench import results
-from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
 
 PRESETS = ("gpt-1.5b", "dp-6b")
 STAGES = (0, 3)
 MICRO_BATCHES = (1, 4, 16)
 COLUMNS = ("model", "stage", "micro_batch", "status", "hardware", "step_time_s", "tflops_per_gpu", "mfu",
            "peak_allocated_bytes", "peak_reserved_bytes")  # fmt: skip
+# measured column -> the prediction's column of the same quantity (a modelled record's)
+PREDICTED = {"tflops_per_gpu": "tflops", "peak_allocated_bytes": "peak_bytes"}
 
 
-def _trial(out: Path, model: str, stage: int, micro_batch: int, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "zerobench.cli", "run", "--model", model, "--stage", str(stage),
-           "--micro-batch", str(micro_batch), "--precision", "bf16", "--device", "cuda",
-           "--checkpoint-activations", "--steps", "3", "--warmup", "1", "--out", str(out)]  # fmt: skip
+def trial(model: str, stage: int, micro_batch: int) -> dict:
+    """The trial's fields (zerobench/fields.py): what `zerobench run` is given and what the model
+    predicts, from the same mapping."""
+    return {"model": model, "stage": stage, "micro_batch": micro_batch, "precision": "bf16", "device": "cuda",
+            "checkpoint_activations": True, "steps": 3, "warmup": 1}  # fmt: skip
+
+
+def flags(values: dict) -> list[str]:
+    """`zerobench run`'s flags for trial `values` (a switch given when true)."""
+    from zerobench.fields import FIELDS
+
+    out = []
+    for name, value in values.items():
+        option = FIELDS[name].option
+        out += ([option] if value else []) if FIELDS[name].kind is bool else [option, str(value)]
+    return out
+
+
+def _run(values: dict, out: Path, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "zerobench.cli", "run", *flags(values), "--out", str(out)]
     try:
         subprocess.run(cmd, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         pass
     if out.exists():
         return results.read_record(out)
-    return {"status": "timeout", "error": f"no record after {timeout:.0f} s", "model": model, "stage": stage}
+    return {"status": "timeout", "error": f"no record after {timeout:.0f} s", **values}
 
 
-def _prediction(record: dict, hardware: str) -> dict:
+def prediction(values: dict, hardware: str) -> dict:
+    """The modelled record of trial `values` on the profile `hardware` (a name or a profile path),
+    one GPU per node, with the engine's attention kernel."""
+    from zerobench.cli_args import configs
     from zerobench.perfmodel import model_record
+    from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
-    parallel = ParallelConfig(stage=record["stage"], checkpoint_activations=True)
-    train = TrainConfig(micro_batch=record["micro_batch"])
-    return model_record(preset(record["model"]), parallel, PrecisionConfig("bf16"), train, hardware, gpus_per_node=1)
+    model, parallel, precision, train = configs({**values, "command": "run"})
+    return model_record(model, parallel, precision, train, hardware, gpus_per_node=1, attention=ENGINE_ATTENTION)
 
 
-def _pct(ours, ref):
-    return None if not ours or not ref else 100.0 * (ref - ours) / ours
+def error_pct(predicted: float | None, measured: float | None) -> float | None:
+    return None if not predicted or not measured else 100.0 * (predicted - measured) / measured
+
+
+def compare_row(record: dict, values: dict, profiles: dict[str, str]) -> dict:
+    """One row of compare.csv: the measured columns and, for an ok record, per profile (prefix ->
+    hardware) each prediction and its error. The datasheet profile is the record's own `hardware`
+    (None where the device has no profile: nothing predicted on it)."""
+    row = {k: record.get(k) for k in COLUMNS}
+    if record.get("status") != "ok":
+        return row
+    for prefix, hardware in profiles.items():
+        if hardware is None:
+            continue
+        pred = prediction(values, hardware)
+        for measured, name in PREDICTED.items():
+            row[f"{prefix}predicted_{name}"] = pred[measured]
+            row[f"{prefix}{name}_error_pct"] = error_pct(pred[measured], record[measured])
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("out", type=Path)
-    p.add_argument("--budget-s", type=float, default=300.0, help="stop starting trials after this long")
+    p.add_argument("--budget-s", type=float, default=240.0, help="stop starting trials after this long")
+    p.add_argument("--profile", type=Path, help="a `zerobench calibrate` profile of this GPU, predicted on too")
     args = p.parse_args(argv)
     import pandas as pd
 
     runs = args.out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
+    calibrated = str(args.profile) if args.profile and args.profile.exists() else None
+    if args.profile and not calibrated:
+        print(f"gpu_check: no calibrated profile at {args.profile}; the datasheet profile only", flush=True)
     start, rows = time.monotonic(), []
     for model in PRESETS:
         for stage in STAGES:
@@ -66,19 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                 if left < 20:
                     print(f"gpu_check: budget spent; skipping {model} stage {stage} micro-batch {mb}", flush=True)
                     continue
-                rec = _trial(runs / f"{model}-s{stage}-mb{mb}.json", model, stage, mb, timeout=left)
+                values = trial(model, stage, mb)
+                rec = _run(values, runs / f"{model}-s{stage}-mb{mb}.json", timeout=left)
                 print(f"gpu_check: {model} stage {stage} mb {mb}: {rec['status']} "
                       f"{rec.get('tflops_per_gpu') or 0:.1f} TFLOPS", flush=True)  # fmt: skip
-                row = {k: rec.get(k) for k in COLUMNS}
-                if rec["status"] == "ok" and rec.get("hardware"):
-                    pred = _prediction(rec, rec["hardware"])
-                    row.update(
-                        predicted_tflops=pred["tflops_per_gpu"],
-                        predicted_peak_bytes=pred["peak_allocated_bytes"],
-                        tflops_error_pct=_pct(rec["tflops_per_gpu"], pred["tflops_per_gpu"]),
-                        peak_error_pct=_pct(rec["peak_allocated_bytes"], pred["peak_allocated_bytes"]),
-                    )
-                rows.append(row)
+                rows.append(compare_row(rec, values, {"": rec.get("hardware"), "calibrated_": calibrated}))
                 if rec["status"] != "ok":
                     break  # larger micro-batches will not fit either
     pd.DataFrame(rows).to_csv(args.out / "compare.csv", index=False)

@@ -27,6 +27,7 @@ from zerobench.config import ModelConfig
 from zerobench.perfmodel.hardware import HardwareProfile
 
 ATTENTION = ("materialized", "fused")
+ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/model.py calls scaled_dot_product_attention
 
 
 def check_attention(attention: str) -> str:
