@@ -151,21 +151,28 @@ def test_rate_lookups():
     assert kernel_time(kt, "gelu", 1e6) == pytest.approx((3e-3, 0.0))
 
 
-def test_measured_profile_terms_hand_derived():
-    # one rank, no checkpointing, fp32 on CPU: each linear 1x forward and 2x its FLOPs backward at
-    # the table's rates; every named kernel per element; the grads copied once; per-op cost; Adam
-    # and clip per parameter; no fixed overhead
-    model = MODEL
-    b = 4
-    pred = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU,
-                   attention="fused")  # fmt: skip
-    t, h, s, v, psi = b * 32, 64, 32, 256, model.num_params
+def _one_rank_compute_by_hand(b: int) -> float:
+    """MODEL's compute seconds per step at micro-batch `b` on one rank of CPU, by hand: each linear
+    1x forward and 2x its FLOPs backward at the table's rates; every named kernel per element; the
+    grads copied once; the per-op cost of 100 ops per layer and 30 besides."""
+    t, h, s, v, psi = b * 32, 64, 32, 256, MODEL.num_params
     linears = 2 * t * 12 * h * h  # qkv, proj, fc1, fc2: 3h² + h² + 4h² + 4h² per token, 2 FLOPs each
     gemm = 2 * (linears / FWD + 2 * linears / BWD) + 2 * t * h * v * (1 / FWD + 2 / BWD)  # 2 layers + logits
     per_layer = 2 * t * h + 4 * t * h + 2 * t * h + b * s * s * h  # 2 layernorms, GeLU, 2 adds, attention
     # + loss, final norm, the tied embedding's dense gradient and its add to the logits', copy
     kernels = 2 * per_layer * (CF + CB) + (t * v + t * h + v * h) * (CF + CB) + v * h * CF + psi * CF
-    assert pred.compute_s == pytest.approx(gemm + kernels + (2 * 100 + 30) * 4e-6)
+    return gemm + kernels + (2 * 100 + 30) * 4e-6
+
+
+def test_measured_profile_terms_hand_derived():
+    # one rank, no checkpointing, fp32 on CPU: the compute by hand (above); Adam and clip per
+    # parameter; no fixed overhead
+    model = MODEL
+    b = 4
+    pred = predict(model, ParallelConfig(dp=1, mp=1), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU,
+                   attention="fused")  # fmt: skip
+    h, s, psi = 64, 32, model.num_params
+    assert pred.compute_s == pytest.approx(_one_rank_compute_by_hand(b))
     assert pred.optimizer_s == pytest.approx(psi * 6e-9) and pred.overhead_s == 0.0
     # two ranks on the 2-core host own a core each but slow each other (x1.25 measured), four
     # share the cores too (x2); stage 1's reduce-scatter and all-gather of 4-byte values cost
@@ -262,22 +269,54 @@ def test_calibrate_refuses_a_bad_device():
         calibrate.calibrate("tpu")
 
 
+def _fake_clock(monkeypatch, slow_pass: int):
+    """Replace the benchmarks' timers: a stacked forward + backward of leaves of n elements in all
+    takes n ns forward and 2n ns backward, 3x as long in sweep `slow_pass` (a slow spell), and a
+    timed loop 1.28 ms per call. Returns the per-sweep call log."""
+    calls = []
+
+    def stacked(make, device, min_s=0.02, first=None):
+        forward, leaves = first or make()
+        out = forward()  # the benchmark's own kernel runs, forward and backward, once
+        out.backward(calibrate.torch.ones_like(out))
+        n = sum(t.numel() for t in leaves)
+        calls.append(n)
+        slow = 3.0 if (len(calls) - 1) // per_sweep[0] == slow_pass else 1.0
+        return slow * n * 1e-9, slow * 2 * n * 1e-9
+
+    per_sweep = [1]
+    monkeypatch.setattr(calibrate_kernels, "stacked_forward_backward", stacked)
+    monkeypatch.setattr(calibrate_kernels, "timed", lambda fn, device, min_s=0.05, reps=3: 1.28e-3)
+    return calls, per_sweep
+
+
 def test_linear_benchmark_on_a_tiny_grid(monkeypatch):
     monkeypatch.setitem(calibrate_kernels.GEMM_DIMS, "cpu", (8, 16))
+    calls, per_sweep = _fake_clock(monkeypatch, slow_pass=1)
+    per_sweep[0] = 8  # shapes per sweep of the grid
     lines = []
-    rows = calibrate_kernels.gemm_table("cpu", calibrate.torch.float32, lines.append)
+    rows = calibrate_kernels.gemm_table("cpu", calibrate.torch.float32, lines.append, passes=3)
     assert [r[:3] for r in rows] == [[m, n, k] for m in (8, 16) for n in (8, 16) for k in (8, 16)]
-    assert all(r[3] > 0 and r[4] > 0 for r in rows) and len(lines) == 1 and "linear" in lines[0]
+    assert len(calls) == 3 * 8 and len(lines) == 1 and "linear" in lines[0]
+    for m, n, k, fwd, bwd in rows:  # by hand: x (m·k), w (n·k) and b (n) take (mk + nk + n) ns forward
+        ns = (m * k + n * k + n) * 1e-9  # the slow second sweep is the median's outlier, not its value
+        assert fwd == pytest.approx(2 * m * n * k / ns) and bwd == pytest.approx(4 * m * n * k / (2 * ns))
 
 
 def test_kernel_benchmark_times_every_kernel_the_model_reads(monkeypatch):
     monkeypatch.setitem(calibrate_kernels.KERNEL_NUMEL, "cpu", (2**14,))
     monkeypatch.setitem(calibrate_kernels.OPTIMIZER_NUMEL, "cpu", (2**10, 2**12))
     monkeypatch.setitem(calibrate_kernels.ATTENTION_SHAPES, "cpu", ((2, 16, 8),))
-    rows = calibrate_kernels.kernel_table("cpu", calibrate.torch.float32, lambda _: None)
+    _fake_clock(monkeypatch, slow_pass=-1)
+    rows = calibrate_kernels.kernel_table("cpu", calibrate.torch.float32, lambda _: None, passes=1)
     assert {r[0] for r in rows} == set(KERNELS)  # what profile_file requires of a measured profile
-    assert all(r[2] > 0 and r[3] >= 0 for r in rows)
-    assert [r[1] for r in rows if r[0] == "attention"] == [2 * 16 * 16 * 8]
+    for name, size, fwd, bwd in rows:
+        if name == "attention":  # size b·heads·s²·d; its leaves q, k, v hold 3·b·heads·s·d elements
+            assert size == 2 * 16 * 16 * 8 and (fwd, bwd) == pytest.approx((3 * 2 * 16 * 8e-9, 6 * 2 * 16 * 8e-9))
+        elif name in ("copy", "adam", "clip"):  # timed in a loop, forward only
+            assert (fwd, bwd) == (1.28e-3, 0.0)
+        else:  # stacked: the fake's n ns over all the leaves, of which the first is the size
+            assert bwd == pytest.approx(2 * fwd) and fwd >= size * 1e-9
     assert [r[1] for r in rows if r[0] in ("adam", "clip")] == [2**10, 2**10, 2**12, 2**12]  # parameters
 
 
@@ -291,14 +330,39 @@ def test_optimizer_is_read_at_the_parameters_a_rank_updates():
     assert compute.optimizer_time(1e9, hw, DEFAULT, share=2, clip=False) == pytest.approx(2 * 2e-9 * 1e9)
 
 
-def test_op_count_of_the_model():
-    # a layer dispatches tens of ops forward and backward; the embedding, final norm and loss some more
+def test_op_count_of_the_model(monkeypatch):
+    # The oracle: one Block's ops counted on its own with a dispatch mode of this test's, forward and
+    # backward from a leaf input (whose gradient accumulation, one detach, a block inside the model
+    # does not have); the rest of the model is the one-layer model's count less the block's.
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from zerobench.model import GPT
+
+    class Ops(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(layers=1, hidden=64, heads=4, seq=16, vocab=64))
+    x, grad, idx = torch.randn(2, 16, 64, requires_grad=True), torch.ones(2, 16, 64), torch.randint(0, 64, (2, 16))
+    with Ops() as block:
+        model.blocks[0](x).backward(grad)
+    model.zero_grad(set_to_none=True)
+    with Ops() as whole:
+        model(idx, idx).backward()
+    # the per-op cost: the chain's 64 ops, each a forward and a backward node, in 1.28 ms
+    monkeypatch.setattr(calibrate_kernels, "timed", lambda fn, device, min_s=0.05, reps=3: 1.28e-3)
     per_op, (per_layer, fixed) = calibrate_kernels.op_overhead("cpu", lambda _: None)
-    assert per_op > 0 and per_layer > 20 and fixed > 0
+    assert per_op == pytest.approx(1.28e-3 / (2 * 64))
+    assert per_layer == block.n - 1 and fixed == whole.n - per_layer
 
 
 def test_model_vs_measured_rows_from_a_record():
-    from zerobench.artifacts.vs_measured import _configs, model_vs_measured
+    from zerobench.artifacts.vs_measured import model_vs_measured
 
     record = dict(
         status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=2, mp=1, stage=1,
@@ -312,11 +376,19 @@ def test_model_vs_measured_rows_from_a_record():
     df = model_vs_measured([record, jemalloc, dict(record, status="oom", error="over budget")], CPU)
     assert len(df) == 3
     step, mem, oom = df.iloc[0], df.iloc[1], df.iloc[2]
-    pred = predict(*_configs(record), CPU, attention="fused")
-    assert step.ours == pytest.approx(pred.step_time_s) and step.expected == 0.5 and step.allocator == "system"
-    assert step.error_pct == pytest.approx(100 * (pred.step_time_s - 0.5) / 0.5)
+    # by hand (MODEL at dp 2, stage 1, b 4): both ranks' compute x1.25 (they share the host), the
+    # reduce-scatter and all-gather of half the fp32 gradients on the measured curves, Adam and clip
+    # (6 ns per parameter) over half the parameters at the same x1.25
+    psi = MODEL.num_params
+    by_hand = 1.25 * _one_rank_compute_by_hand(4) + (2e-4 + HALF / 5e8 + 3e-4 + HALF / 2.5e8) + 1.25 * psi / 2 * 6e-9
+    assert step.ours == pytest.approx(by_hand) and step.expected == 0.5 and step.allocator == "system"
+    assert step.error_pct == pytest.approx(100 * (by_hand - 0.5) / 0.5)
     assert step.measured_comm_s == pytest.approx(0.15)  # 0.3 s of collectives over 2 steps
-    assert mem.expected == 64 and mem.ours == pytest.approx(pred.memory.total_bytes / 2**20)
+    # memory by hand (perfmodel/engine_memory.py): fp32 states 4 + 4 + 8/2 bytes per parameter; per
+    # token of each of 2 layers 4h + 13h fp32 saved; the loss's 3 buffers of b·s × V; the runtime
+    t = 4 * 32
+    peak = 12 * psi + 2 * t * 17 * 64 * 4 + 3 * t * 256 * 4 + 16 * 2**20
+    assert mem.expected == 64 and mem.ours == pytest.approx(peak / 2**20)
     assert mem.allocator == "jemalloc" and "memory" in mem.key and "step" not in mem.key
     assert oom.status == "oom" and oom.ours != oom.ours  # NaN: nothing predicted for a failed trial
 
@@ -395,14 +467,27 @@ def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
     monkeypatch.setattr(calibrate_runs, "_run", fake_run)
     shapes = calibrate_runs.MP_STEP_SHAPES
     monkeypatch.setattr(calibrate_runs, "MP_STEP_SHAPES", shapes[:1])
-    rows = calibrate_runs.mp_step_waits(CPU, lambda _: None, rounds=3)
+    # a profile whose MP all-reduce takes 1 ms at any size, on its curve and its α–β line alike
+    flat = dataclasses.replace(
+        CPU, collectives=(("all_reduce", 2, 1e-3, 1e18), *COLLECTIVES[1:]),
+        collective_table=(("all_reduce", 2, 1.0, 1e-3), ("all_reduce", 2, 1e12, 1e-3),
+                          *(r for r in CPU.collective_table if r[0] != "all_reduce")),
+    )  # fmt: skip
+    rows = calibrate_runs.mp_step_waits(flat, lambda _: None, rounds=3)
     (hidden, seq, b), ((size, between, wait),) = shapes[0], rows
-    model = dataclasses.replace(MODEL, hidden=hidden, seq=seq, name="tiny")
-    modelled = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b), CPU)
     assert len(ran) == 3 and all(a[a.index("--hidden") + 1] == str(hidden) for a in ran)
     assert all(a[a.index("--mp") + 1] == "2" for a in ran)
-    assert size == 2 and wait == pytest.approx((0.02 - modelled.mp_comm_s) / calls) and wait > 0
-    assert between == pytest.approx(modelled.compute_s / calls)  # as modelled, not as the slow host ran it
+    assert size == 2 and wait == pytest.approx(0.02 / calls - 1e-3)  # the median run's per call, less the curve
+    # between two calls: the modelled compute of an MP 2 rank of tiny at this shape (materialized
+    # attention, the model's default), by hand as in _one_rank_compute_by_hand, x1.25 for two ranks
+    h, s, heads, v, layers = hidden, seq, MODEL.heads, MODEL.vocab, MODEL.layers
+    t, psi, scores = b * s, dataclasses.replace(MODEL, hidden=h, seq=s).num_params, b * (heads // 2) * s * s
+    lin = 2 * t * 6 * h * h + 2 * scores * (h // heads) * 2  # qkv, proj, fc1, fc2 halved; QKᵀ and P·V
+    gemm = layers * (lin / FWD + 2 * lin / BWD) + 2 * t * h * (v / 2) * (1 / FWD + 2 / BWD)
+    layer = 2 * t * h + t * 4 * h / 2 + 2 * t * h + scores  # 2 layernorms, GeLU over 4h/2, 2 adds, softmax
+    kernels = layers * layer * (CF + CB) + (t * v / 2 + t * h + v / 2 * h) * (CF + CB) + (v / 2 * h + psi / 2) * CF
+    compute = 1.25 * (gemm + kernels + (layers * 100 + 30) * 4e-6)
+    assert between == pytest.approx(compute / calls)  # as modelled, not as the slow host ran it
     calls = 15  # an engine that runs another count than the model's is refused
     with pytest.raises(RuntimeError, match="15 MP all-reduces per step; the model counts 14"):
         calibrate_runs.mp_step_waits(CPU, lambda _: None, rounds=1)
