@@ -8,8 +8,8 @@ so on CPU a 16-bit model holds 2 bytes per weight while its matmuls run in fp32 
 mixed-precision layout, measurable where 16-bit matmul is slow).
 
 A parameter may be one rank's slice of the single-process tensor (after a split): it then carries
-`mp_split`, an object with `full_shape(local_shape)` and `local(full)`, and `init_weights` draws
-the whole tensor and keeps its slice, so every layout starts from the single-process weights.
+`mp_split`, an object with `full_shape(local_shape)` and `local(full)`, and `initial_values` draws
+the whole tensor and yields its slice, so every layout starts from the single-process weights.
 """
 
 from __future__ import annotations

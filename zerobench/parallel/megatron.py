@@ -50,8 +50,9 @@ _ROW = ("attn.proj", "mlp.proj")
 def apply_tensor_parallel(model: GPT, mp_group: Group, comms: Comms) -> GPT:
     """Split the plain `model` in place over `mp_group` (Megatron, paper §4.3): each block's
     linears become column- or row-parallel, the tied embedding keeps this rank's vocabulary rows,
-    and every MP collective is counted in `comms`. Call it before `init_weights` (on the meta
-    device, nothing full is ever allocated); with one MP rank the model is left as it is."""
+    and every MP collective is counted in `comms`. Call it on the meta device, before the engine
+    allocates and initializes (nothing full is ever allocated); with one MP rank the model is left
+    as it is."""
     if mp_group.size == 1:
         return model
     tp = TensorParallel(mp_group, comms)
