@@ -24,13 +24,15 @@ rule table:
     conda:
         "envs/zerobench.yaml"
     params:
-        kind=sheet_table,
+        artifact=sheet_table,
         sheet=sheet_path,
+        profile=profile_flag,
         title=sheet_title,
         claim=sheet_field("claim"),
         paper=sheet_field("paper"),
     shell:
-        "python -m zerobench.cli table {params.kind} {input.runs} --sheet {params.sheet} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli table {params.artifact} {input.runs} --sheet {params.sheet} {params.profile}"
+        " --out {output} > {log} 2>&1"
 
 
 rule plot:
@@ -51,12 +53,12 @@ rule plot:
     conda:
         "envs/zerobench.yaml"
     params:
-        kind=sheet_table,
+        artifact=sheet_table,
         title=sheet_title,
         claim=sheet_field("claim"),
         paper=sheet_field("paper"),
     shell:
-        "python -m zerobench.cli plot {params.kind} {input} --title {params.title:q} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli plot {params.artifact} {input} --title {params.title:q} --out {output} > {log} 2>&1"
 
 
 rule report:

@@ -5,6 +5,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import validate
 
+from zerobench.artifacts.registry import REGISTRY
 from zerobench.sweeps import sheets as zs
 
 validate(config, schema="schemas/config.schema.yaml")
@@ -93,10 +94,14 @@ def sheet_table(wildcards):
 
 
 def table_profile(wildcards):
-    """The calibrated profile of this machine, for the tables that predict from it."""
-    if sheet_table(wildcards) in ("model_vs_measured", "capacity"):
+    """The calibrated profile of this machine, where the artifact's entry predicts from it."""
+    if REGISTRY[sheet_table(wildcards)].needs_profile:
         return f"results/profiles/calibrated-{config['device']}.json"
     return []
+
+
+def profile_flag(wildcards, input):
+    return f"--profile {input.profile}" if input.profile else ""
 
 
 def sheet_title(wildcards):

@@ -81,14 +81,14 @@ def _write_infeasible(args, exc: ConfigError) -> None:
 def cmd_table(args) -> int:
     from zerobench.artifacts.tables import build  # pandas and the artifact modules: not for a trial
 
-    build(args.kind, args.records, args.sheet).to_csv(args.out, index=False)
+    build(args.artifact, args.records, args.sheet, args.profile).to_csv(args.out, index=False)
     return 0
 
 
 def cmd_plot(args) -> int:
     from zerobench.artifacts.plots.draw import plot  # matplotlib: not for a trial
 
-    plot(args.kind, args.table, args.out, args.title)
+    plot(args.artifact, args.table, args.out, args.title)
     return 0
 
 
@@ -215,15 +215,14 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records -> one artifact's CSV")
-    table.add_argument(
-        "kind", help="memory, comm, loss, capacity, superlinear, table1, sweep or a paper artifact (fig2, ...)"
-    )
+    table.add_argument("artifact", help="its entry in zerobench/artifacts/registry.py: a sheet's `table` (fig2, ...)")
     table.add_argument("records", nargs="*", help="record JSON files, or directories of them (a modelled group's)")
     table.add_argument("--sheet", help="the artifact's sheet (name or path): joins records to their trials")
+    table.add_argument("--profile", help="the calibrated profile (JSON) the artifact's table predicts from")
     table.add_argument("--out", required=True, help="CSV to write")
     table.set_defaults(fn=cmd_table)
     plot = sub.add_parser("plot", help="an artifact's CSV -> PNG, with the paper's points overlaid")
-    plot.add_argument("kind", help="as for `table`")
+    plot.add_argument("artifact", help="as for `table`")
     plot.add_argument("table", help="the artifact's CSV")
     plot.add_argument("--title", default="")
     plot.add_argument("--out", required=True, help="PNG to write")

@@ -118,7 +118,7 @@ SHEET = {
     "title": "SLURM check: model-state memory per rank",
     "paper": "Fig 1 (paper §5)",
     "claim": "Model-state bytes per rank equal the formula, measured through SLURM.",
-    "table": "memory",
+    "table": "fig1",
     "tolerance_pct": 1,
     "trials": [
         {"source": "measured", "base": {"model": "tiny", "precision": "bf16", "steps": 1, "warmup": 1},

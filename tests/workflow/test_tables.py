@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from zerobench.artifacts import report, tables
+from zerobench.artifacts.capacity import capacity
 
 PSI = 1000
 
@@ -59,8 +60,7 @@ def test_loss_errors_against_the_single_process_run():
     assert df[df.status == "oom"].ours.isna().all()
 
 
-def test_capacity_reads_the_budget_crossing_between_the_trials_either_side(monkeypatch, tmp_path):
-    monkeypatch.setenv("ZEROBENCH_PROFILE", str(tmp_path / "none.json"))  # no calibrated model: measured only
+def test_capacity_reads_the_budget_crossing_between_the_trials_either_side():
     cap = 100 * 2**20
 
     def trial(stage, layers, mib, status="ok"):  # 10 Ψ of parameters per layer
@@ -77,7 +77,7 @@ def test_capacity_reads_the_budget_crossing_between_the_trials_either_side(monke
         trial(3, 8, None, "oom"),
         trial(3, 6, 70),  # the deeper oom stopped before training
     ]
-    df = tables.capacity(recs)
+    df = capacity(recs)
     largest = df[df.kind == "largest"].set_index("stage")
     assert largest.loc[0, "measured_params"] == pytest.approx(10 * PSI * (4 + 2 * 2 / 3))
     assert largest.loc[0, "expected"] == pytest.approx(10 * PSI * (4 + 2 * 2 / 3) / 1e6)
@@ -90,8 +90,6 @@ def test_capacity_reads_the_budget_crossing_between_the_trials_either_side(monke
 
 
 def test_capacity_judges_the_calibrated_model_against_the_measured_crossing():
-    from zerobench.artifacts.capacity import capacity
-
     shape = dict(
         model="tiny", hidden=256, heads=8, seq=128, vocab=256, mp=1, bucket_bytes=2**21, micro_batch=1,
         grad_accum=1, checkpoint_activations=False, partition_activations=False, offload_activations=False,

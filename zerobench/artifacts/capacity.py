@@ -19,18 +19,9 @@ from zerobench.artifacts import vs_measured as vs
 from zerobench.artifacts.common import error_pct, state_bytes
 from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
+from zerobench.perfmodel.hardware import HardwareProfile
 
 MiB = 2**20
-
-
-def _calibrated():
-    """The calibrated model's (peak bytes of a trial, largest parameters under its budget), or None
-    until this machine has a calibrated profile (`zerobench calibrate`, or the model_vs_measured
-    table, which calibrates when none exists)."""
-    if not vs.profile_path().exists():
-        return None
-    hw = vs.calibrated_profile()
-    return lambda r: vs.predicted_peak_bytes(r, hw), lambda r: vs.largest_under_budget(r, hw)
 
 
 def measured_largest(trials: pd.DataFrame, cap: float) -> tuple[float | None, str]:
@@ -49,13 +40,13 @@ def measured_largest(trials: pd.DataFrame, cap: float) -> tuple[float | None, st
     return float(np.interp(cap, peaks, params)), "ok"
 
 
-def capacity(records: list[dict], calibrated: tuple | None = None) -> pd.DataFrame:
+def capacity(records: list[dict], hw: HardwareProfile | None = None, calibrated: tuple | None = None) -> pd.DataFrame:
     """Per stage the largest model (kind `largest`, millions of parameters): the calibrated model's
     (`ours`) against the measured crossing (`expected`), the formula's beside; then one row per
     trial (kind `trial`): the model's peak memory against the measured peak RSS growth (MiB).
     `calibrated`: (peak bytes of a record, largest parameters under its budget), by default the
-    performance model on this machine's calibrated profile."""
-    model = calibrated or _calibrated()
+    performance model on `hw`, this machine's calibrated profile; neither: measured only."""
+    model = calibrated or (hw and (lambda r: vs.predicted_peak_bytes(r, hw), lambda r: vs.largest_under_budget(r, hw)))
     rows = []
     for r in records:
         measured = r.get("rss_growth_bytes")

@@ -1,6 +1,6 @@
 """The paper's performance artifacts from the performance model, in one process: each sheet's
 modelled trials (workflows/config/sheets/<name>.yaml) predicted under a given calibration, then
-the sheet's table (zerobench.artifacts.paper_tables). The workflow does the same through records on disk;
+the sheet's table (its entry in zerobench/artifacts/registry.py). The workflow does the same through records on disk;
 the calibration fit (fitting/fit.py) calls `ARTIFACTS[name](cal)` many times over.
 
     python -m zerobench.artifacts.modelled OUTDIR   # every CSV + per-figure MAPE and worst error
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.artifacts.common import mape
-from zerobench.artifacts.paper_tables import BUILDERS
+from zerobench.artifacts.registry import REGISTRY, entry, resolve
 from zerobench.config import ConfigError
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.sweeps.modelled import model_trial
@@ -26,10 +26,11 @@ def modelled_table(name: str, cal: Calibration = DEFAULT) -> pd.DataFrame:
     """The sheet `name`'s table from its modelled trials, predicted under `cal`."""
     sheet = load_sheet(name)
     trials = [t for group in sheet_trials(sheet) for t in group if t["source"] == "modelled"]
-    return BUILDERS[sheet["table"]]([(t, model_trial(t, cal)) for t in trials])
+    return resolve(entry(sheet["table"]).table)([(t, model_trial(t, cal)) for t in trials])
 
 
-ARTIFACTS = {name: functools.partial(modelled_table, name) for name in BUILDERS}
+# The paper's performance artifacts: those whose tables join their trials
+ARTIFACTS = {name: functools.partial(modelled_table, name) for name, a in REGISTRY.items() if a.joins_trials}
 
 
 def main(argv: list[str] | None = None) -> int:

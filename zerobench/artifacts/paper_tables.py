@@ -203,7 +203,3 @@ def today(pairs: Pairs) -> pd.DataFrame:
                         hardware=hw_name, gpu=hw.gpu, gpus=r["world_size"], mp=r["mp"],
                         peak_tflops=hw.peak_flops / 1e12, **best))  # fmt: skip
     return pd.DataFrame(rows)
-
-
-BUILDERS = {"table2": table2, "fig2": fig2, "fig3": fig3, "fig5": fig5, "fig6": fig6, "fig7": fig7,
-            "fig8": fig8, "today": today}  # fmt: skip

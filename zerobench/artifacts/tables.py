@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts.capacity import capacity
+from zerobench.artifacts import registry
 from zerobench.artifacts.common import error_pct, state_bytes
-from zerobench.artifacts.paper_tables import BUILDERS
-from zerobench.artifacts.superlinear import table as superlinear
 from zerobench.artifacts.table1 import table1 as table1_cells
-from zerobench.artifacts.table1 import traced_cells
-from zerobench.artifacts.vs_measured import model_vs_measured
+from zerobench.artifacts.table1 import traced_build_cells, traced_cells
 from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
+from zerobench.perfmodel.hardware import get_profile
 from zerobench.results import load_paper_reference, read_record
 from zerobench.sweeps import sheets
 
@@ -120,8 +118,9 @@ def loss(records: list[dict]) -> pd.DataFrame:
 
 def table1(records: list[dict]) -> pd.DataFrame:
     """Table 1 cell by cell (zerobench.artifacts.table1): the engine's traced bytes where a traced record
-    has the cell, else the formula's, beside the paper's printed cell."""
-    df = table1_cells(traced_cells(records))
+    has the cell, else the formula's, beside the paper's printed cell; the traced construction peak
+    beside it (`build_gb`)."""
+    df = table1_cells(traced_cells(records), traced_build_cells(records))
     traced = df.traced_gb.notna()
     ours = df.traced_gb.where(traced, df.formula_gb)
     return df.assign(
@@ -156,12 +155,6 @@ def sweep(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-FROM_RECORDS = {
-    "memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "superlinear": superlinear, "sweep": sweep,
-    "model_vs_measured": model_vs_measured, "table1": table1,
-}  # fmt: skip
-
-
 def record_paths(paths: list[str]) -> list[Path]:
     """Record files; a directory (a modelled group's) stands for the records in it, by name."""
     out = []
@@ -170,25 +163,27 @@ def record_paths(paths: list[str]) -> list[Path]:
     return out
 
 
-def build(kind: str, paths: list[str], sheet: str | None = None) -> pd.DataFrame:
-    """The table of `kind` from the record files (or modelled groups' directories) at `paths`.
-    The paper's performance artifacts (zerobench.artifacts.paper_tables) join each record to its trial in
-    `sheet` by file name (<trial id>.json) and keep the sheet's order."""
-    if kind not in FROM_RECORDS and kind not in BUILDERS:
-        raise ValueError(f"table {kind!r}: choose one of {sorted([*FROM_RECORDS, *BUILDERS])}")
+def build(name: str, paths: list[str], sheet: str | None = None, profile: str | None = None) -> pd.DataFrame:
+    """The table of artifact `name` from the record files (or modelled groups' directories) at
+    `paths`, in the order of the trials of `sheet` (name or path), joined to them by file name
+    (<trial id>.json) where the artifact needs its trials; `profile`: the calibrated profile."""
+    artifact = registry.entry(name)
     files = record_paths(paths)
     if not files:
-        raise ValueError(f"table {kind}: needs record files")
+        raise ValueError(f"table {name}: needs record files")
+    if artifact.needs_profile and not profile:
+        raise ValueError(f"table {name}: needs --profile (the calibrated profile it predicts from)")
+    extra = (get_profile(str(profile)),) if artifact.needs_profile else ()
     if sheet is None:
-        if kind in FROM_RECORDS:
-            return FROM_RECORDS[kind]([read_record(p) for p in files])
-        raise ValueError(f"table {kind}: needs --sheet (its trials say what each record was asked for)")
+        if artifact.joins_trials:
+            raise ValueError(f"table {name}: needs --sheet (its trials say what each record was asked for)")
+        return registry.resolve(artifact.table)([read_record(p) for p in files], *extra)
     trials = sheets.trials_by_id(sheets.load_sheet(sheet))
     unknown = [p.name for p in files if p.stem not in trials]
     if unknown:
-        raise ValueError(f"table {kind}: records of no trial in {sheet}: {unknown[:3]}")
+        raise ValueError(f"table {name}: records of no trial in {sheet}: {unknown[:3]}")
     rank = {tid: i for i, tid in enumerate(trials)}
     files.sort(key=lambda p: rank[p.stem])  # the sheet's order
-    if kind in FROM_RECORDS:
-        return FROM_RECORDS[kind]([read_record(p) for p in files])
-    return BUILDERS[kind]([(trials[p.stem], read_record(p)) for p in files])
+    if artifact.joins_trials:
+        return registry.resolve(artifact.table)([(trials[p.stem], read_record(p)) for p in files], *extra)
+    return registry.resolve(artifact.table)([read_record(p) for p in files], *extra)

@@ -2,9 +2,10 @@
 
 Ours are filled markers labelled with their source (measured / traced / modelled), the paper's
 numbers hollow black markers labelled "paper", and the paper's formula a line where there is one.
-This module draws the measured CPU experiments and dispatches the rest: the paper-scale artifacts
-in their paper's form (artifacts/plots/paper.py) and the scaling plots (artifacts/plots/scaling.py). matplotlib's Agg
-backend; no torch import.
+This module draws the measured CPU experiments, the generic comparison, and saves every figure;
+the paper-scale artifacts are drawn in their paper's form (artifacts/plots/paper.py), the scaling
+plots on log-2 axes (artifacts/plots/scaling.py), each named by its entry in
+artifacts/registry.py. matplotlib's Agg backend; no torch import.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from zerobench.artifacts.plots.bands import errorbar  # noqa: E402
-from zerobench.artifacts.plots.paper import FIGURES  # noqa: E402
-from zerobench.artifacts.plots.scaling import fig3, superlinear  # noqa: E402
 from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER  # noqa: E402
+from zerobench.artifacts.registry import entry, resolve  # noqa: E402
 from zerobench.config import STAGE_LABELS  # noqa: E402
 
 
@@ -108,7 +108,7 @@ def capacity(df: pd.DataFrame, fig) -> None:
     ax2.legend(fontsize=7)
 
 
-def compare(df: pd.DataFrame, fig, source_label: str) -> None:
+def compare(df: pd.DataFrame, fig, source_label: str = "modelled") -> None:
     """Any artifact with key / ours / paper: ours and the paper's number side by side per point,
     one panel per `series` where the artifact has them (each series is one unit: TFLOPS,
     speed-up, billions of parameters), and the status written where we have no number."""
@@ -132,19 +132,20 @@ def compare(df: pd.DataFrame, fig, source_label: str) -> None:
         ax.legend(fontsize=7)
 
 
-def plot(kind: str, table: str, out: str, title: str = "") -> None:
-    """Draw the figure of `kind` from the CSV `table` into the PNG `out`."""
-    df = pd.read_csv(table)
-    draw = {"memory": memory, "comm": comm, "loss": loss, "capacity": capacity, "fig3": fig3,
-            "superlinear": superlinear, **FIGURES}  # fmt: skip
-    wide = kind in ("memory", "loss", "capacity", "fig3", "fig8", "superlinear", "table1", "today", "fig2", "table2")
-    tall = {"table1": 8, "today": 6.5}.get(kind, 5)
-    fig = plt.figure(figsize=(13 if wide else 8, tall if kind in draw else max(4.5, 0.17 * len(df) + 1.5)))
-    if kind in draw:
-        draw[kind](df, fig)
-    else:
-        compare(df, fig, "modelled")
+def render(df: pd.DataFrame, draw, size: tuple[float, float], out, title: str = "") -> None:
+    """`draw(df, fig)` on a figure of `size` inches, titled, saved as the PNG `out`."""
+    fig = plt.figure(figsize=size)
+    draw(df, fig)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def plot(name: str, table, out, title: str = "") -> None:
+    """Draw artifact `name`'s figure (its entry in artifacts/registry.py) from its CSV `table`
+    into the PNG `out`."""
+    artifact = entry(name)
+    df = pd.read_csv(table)
+    size = artifact.size or (8, max(4.5, 0.17 * len(df) + 1.5))  # the comparison: a bar per row
+    render(df, resolve(artifact.plot) if artifact.plot else compare, size, out, title)

@@ -165,6 +165,3 @@ def today(df: pd.DataFrame, fig) -> None:
     ax.tick_params(axis="x", labelrotation=30)
     for t in ax.get_xticklabels():
         t.set_ha("right")
-
-
-FIGURES = dict(fig2=fig2, fig5=fig5, fig6=fig6, fig7=fig7, fig8=fig8, table1=table1, table2=table2, today=today)
