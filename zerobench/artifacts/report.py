@@ -13,10 +13,11 @@ import yaml
 
 from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.heldout import heldout_section
+from zerobench.artifacts.host_speed import note as host_note
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
 SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct",
-         "error_without_fitted_pct", "formula", "vs_linear_pct", "derived_from"]  # fmt: skip
+         "error_without_fitted_pct", "formula", "vs_linear_pct", "derived_from", "build_gb"]  # fmt: skip
 
 
 def _num(v) -> str:
@@ -30,7 +31,8 @@ def _num(v) -> str:
 def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
     names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula",
-             "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from"}  # fmt: skip
+             "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from",
+             "build_gb": "construction peak (GB, traced)"}  # fmt: skip
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
     for _, r in df[cols].head(MAX_ROWS).iterrows():
@@ -53,9 +55,12 @@ def _condense_loss(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def stats(df: pd.DataFrame, name: str = "table") -> dict:
-    """The verdict's numbers: mean and max |error| % over the judged points alone (common.judged);
+    """The verdict's numbers: mean and max |error| % over the judged points alone (common.judged),
+    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/host_speed.py);
     per other role its compared points and their mean |error| %, kept apart (`apart`)."""
     pts = judged(df, name)
+    slow = pts.slow_spell.eq(True) if "slow_spell" in pts else pd.Series(False, index=pts.index)
+    pts = pts[~slow]
     err = pts.error_pct.astype(float).abs()
     worst = pts.loc[err.idxmax(), "key"] if len(pts) else None
     others = compared(df)
@@ -64,7 +69,7 @@ def stats(df: pd.DataFrame, name: str = "table") -> dict:
              for role, sub in others.groupby("role") if len(sub)}  # fmt: skip
     status = df.status.dropna().astype(str) if "status" in df else pd.Series(dtype=str)
     return dict(n=len(pts), mape=err.mean() if len(pts) else None, max=err.max() if len(pts) else None,
-                worst=worst, apart={r: apart[r] for r in ROLES if r in apart},
+                worst=worst, apart={r: apart[r] for r in ROLES if r in apart}, slow=int(slow.sum()),
                 not_ok=status[status != "ok"].value_counts().to_dict())  # fmt: skip
 
 
@@ -81,6 +86,8 @@ def verdict(s: dict, tolerance: float) -> str:
         extra = "; rows not ok: " + ", ".join(f"{n} {k}" for k, n in s["not_ok"].items())
     if s["apart"]:
         extra = f"; not judged: {apart(s)}{extra}"
+    if s.get("slow"):
+        extra = f"; set aside: {s['slow']} judged row(s) with every run in a slow spell of the host{extra}"
     if not s["n"]:
         return f"No judged numbers to compare against: ours only{extra}."
     line = f"{s['n']} judged points, mean |error| {s['mape']:.2f}%, worst {s['max']:.2f}% ({s['worst']})"
@@ -105,6 +112,8 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
         said = f"**Seen.** {seen(df)}\n\n**Verdict.** {line}"
     else:
         said = f"**Verdict.** {line}"
+    if "host_speed_runs" in df:  # a measured comparison: the host's speed beside it, as measured
+        said += f" {host_note(df)}"
     text = "\n\n".join([
         f"## {sheet['title']}",
         f"**Paper.** {sheet['paper']}",

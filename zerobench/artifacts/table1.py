@@ -54,12 +54,25 @@ def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
     return sum(trace_states(spec).values())
 
 
+def _traced(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["source"] == "traced" and r["status"] == "ok" and r["model"] in NOMINAL_BILLIONS]
+
+
 def traced_cells(records: list[dict]) -> dict[Cell, int]:
     """Model-state bytes per Table 1 cell from traced records of the Table 1 presets."""
     return {
         (NOMINAL_BILLIONS[r["model"]], r["dp"], r["stage"]): r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
-        for r in records
-        if r["source"] == "traced" and r["status"] == "ok" and r["model"] in NOMINAL_BILLIONS
+        for r in _traced(records)
+    }
+
+
+def traced_build_cells(records: list[dict]) -> dict[Cell, int]:
+    """The construction peak per Table 1 cell (`build_peak_bytes`) from the traced records that
+    carry it: what a rank holds while the engine is built, beside the model states it trains with."""
+    return {
+        (NOMINAL_BILLIONS[r["model"]], r["dp"], r["stage"]): r["build_peak_bytes"]
+        for r in _traced(records)
+        if r.get("build_peak_bytes") is not None
     }
 
 
@@ -76,8 +89,12 @@ def trace_cells(nds: dict[float, tuple[int, ...]], log=None) -> dict[Cell, int]:
     return out
 
 
-def table1(traced: dict[Cell, int]) -> pd.DataFrame:
-    """One row per paper cell: model, nd, stage, paper_gb, formula_gb, traced_gb, match, role.
+def table1(traced: dict[Cell, int], built: dict[Cell, int] | None = None) -> pd.DataFrame:
+    """One row per paper cell: model, nd, stage, paper_gb, formula_gb, traced_gb, build_gb, match,
+    role.
+
+    `built` holds the traced construction peak of the cells that have one (`build_gb`, NaN
+    elsewhere): not a paper number, shown beside the model states the cell is about.
 
     `traced` holds the engine's model-state bytes of the cells that were traced; the others are
     NaN in `traced_gb` and checked against the formula alone. `match` is True when the formula and
@@ -108,6 +125,7 @@ def table1(traced: dict[Cell, int]) -> pd.DataFrame:
                 paper_gb=float(paper),
                 formula_gb=formula,
                 traced_gb=traced_gb,
+                build_gb=(built or {}).get((size, nd, stage), float("nan")) / GB,
                 rounding="truncated" if truncate else "rounded",
                 match=bool(match),
                 role="judged" if (size, nd, stage) in traced else "formula",

@@ -24,7 +24,6 @@ from zerobench.perfmodel.hardware import get_profile
 from zerobench.results import load_paper_reference, read_record
 from zerobench.sweeps import sheets
 
-PGK = BYTES_PER_PARAM  # bytes per parameter, paper §3.1
 TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters
 
 
@@ -52,7 +51,9 @@ def memory(records: list[dict]) -> pd.DataFrame:
         psi, dp, mp, stage = r.get("num_params"), r.get("dp") or 1, r.get("mp") or 1, r.get("stage") or 0
         state = state_bytes(r)
         ours = state / psi if state is not None and psi else None
-        expected = total_model_state_bytes(1.0, stage, dp, mp, PGK.get(r.get("precision"), PGK["fp16"]))
+        expected = total_model_state_bytes(
+            1.0, stage, dp, mp, BYTES_PER_PARAM.get(r.get("precision"), BYTES_PER_PARAM["fp16"])
+        )
         p = paper.get((dp, stage)) if r.get("precision") in ("bf16", "fp16") and mp == 1 else None
         rows.append(dict(
             key=f"{r['source']} {r.get('model')} {STAGE_LABELS[stage]} N_d={dp}", source=r["source"],
