@@ -6,7 +6,7 @@ import yaml
 from snakemake.utils import validate
 
 from zerobench.artifacts.registry import REGISTRY
-from zerobench.sweeps import sheets as zs
+from zerobench.sweeps import sheets
 
 validate(config, schema="schemas/config.schema.yaml")
 
@@ -23,7 +23,7 @@ def load_sheet(name):
         sheet = yaml.safe_load(f)
     try:
         validate(sheet, schema="schemas/sheet.schema.yaml")
-        zs.check_sheet(sheet, path.name)
+        sheets.check_sheet(sheet, path.name)
     except Exception as exc:
         raise ValueError(f"sheet {path}: {exc}") from exc
     return sheet
@@ -37,14 +37,14 @@ TRIALS = {}
 GROUPS = {}
 for _name, _sheet in SHEETS.items():
     _inputs = []
-    for _index, _trials in enumerate(zs.sheet_trials(_sheet, config["smoke"])):
+    for _index, _trials in enumerate(sheets.sheet_trials(_sheet, config["smoke"])):
         if _trials and _trials[0]["source"] == "modelled":
             GROUPS[f"{_name}.g{_index}"] = _trials
             _inputs.append(f"results/runs/{_name}.g{_index}")
             continue
         for _trial in _trials:
-            TRIALS[zs.trial_id(_trial)] = _trial
-            _inputs.append(f"results/runs/{zs.trial_id(_trial)}.json")
+            TRIALS[sheets.trial_id(_trial)] = _trial
+            _inputs.append(f"results/runs/{sheets.trial_id(_trial)}.json")
     SHEET_INPUTS[_name] = list(dict.fromkeys(_inputs))
 
 
@@ -54,12 +54,12 @@ def _trial(wildcards):
 
 def trial_flags(wildcards):
     """Command-line flags of one trial (world size from the sheet, never from resources)."""
-    return " ".join(zs.trial_flags(_trial(wildcards)))
+    return " ".join(sheets.trial_flags(_trial(wildcards)))
 
 
 def trial_world(wildcards):
     """A trial's world size, dp x mp: the ranks (SLURM tasks) it starts."""
-    return zs.world_size(_trial(wildcards))
+    return sheets.world_size(_trial(wildcards))
 
 
 def trial_gpus(wildcards):
@@ -125,7 +125,7 @@ wildcard_constraints:
 
 
 # -- the peers comparison (workflows/peers.smk) ----------------------------------------------
-# Defaults: issue 7's benchmark. A `peers:` mapping in the config overrides any of them; smoke
+# Defaults: the peers benchmark of README's comparison. A `peers:` mapping in the config overrides any of them; smoke
 # runs take the tiny model for a couple of steps. Clipping is off by default so that the losses
 # compare the engines: torch's fp32 CPU norm kernel (clip_grad_norm_, used by DDP, ZeRO-1 and
 # FSDP2 here) is off by ~1e-4 relative on 10^7-element gradients (pytorch/pytorch#169237), which

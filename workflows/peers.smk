@@ -1,6 +1,6 @@
 # Ours beside the systems people already use (DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed 0-3):
 # the same model, weights, data, batch, precision and world size, one implementation at a time.
-# Included by the Snakefile; `snakemake peers` builds it (about 8 min at cpu-100m on 2 cores).
+# Included by the Snakefile; `snakemake peers` builds it (README gives its time).
 # The default target reads the committed results/peers.csv when `peers: {in_report: true}`;
 # it reruns the comparison only when that file is missing. Settings: PEERS in common.smk.
 

@@ -13,9 +13,9 @@ except Exception as exc:
     raise ValueError(f"{SMOKE_SPEC}: {exc}") from exc
 SMOKE_TRIALS = []
 for _group in _smoke["trials"]:
-    for _smoke_trial in zs.expand_group(_group):
-        TRIALS[zs.trial_id(_smoke_trial)] = _smoke_trial
-        SMOKE_TRIALS.append(zs.trial_id(_smoke_trial))
+    for _smoke_trial in sheets.expand_group(_group):
+        TRIALS[sheets.trial_id(_smoke_trial)] = _smoke_trial
+        SMOKE_TRIALS.append(sheets.trial_id(_smoke_trial))
 
 
 rule smoke:

@@ -17,8 +17,8 @@ from zerobench.perfmodel import estimate_text
 from zerobench.results import read_record, write_record
 from zerobench.runtime import allocator
 from zerobench.runtime.procs import process_tree
-from zerobench.sweeps.modelled import modelled, sweep_args
-from zerobench.sweeps.search import listed_flags, searched
+from zerobench.sweeps.modelled import modelled_record, sweep_args
+from zerobench.sweeps.search import listed_flags, run_under_policy
 from zerobench.trial import TrialSpec, new_record
 
 
@@ -33,7 +33,7 @@ def _trial_spec(args) -> TrialSpec:
 
 def cmd_run(args) -> int:
     listed = _trial_spec(args)
-    record = searched(listed, vars(args), lambda spec: _run_once(args, spec, listed))
+    record = run_under_policy(listed, vars(args), lambda spec: _run_once(args, spec, listed))
     if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
         write_record(record, args.out)
     _summarise(record)
@@ -111,7 +111,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_model(args) -> int:
-    record = modelled(vars(args))
+    record = modelled_record(vars(args))
     if args.out:
         write_record(record, args.out)
     _summarise(record)

@@ -8,12 +8,13 @@ import pytest
 
 from zerobench.artifacts import report, tables
 from zerobench.artifacts.capacity import capacity
+from zerobench.config import BYTES_PER_PARAM
 
 PSI = 1000
 
 
 def record(stage: int, dp: int, precision: str = "bf16", **fields) -> dict:
-    p, g, k = tables.PGK[precision]
+    p, g, k = BYTES_PER_PARAM[precision]
     r = dict(
         source="measured", status="ok", model="toy", num_params=PSI, dp=dp, mp=1, stage=stage, layers=2,
         precision=precision, param_bytes=p * PSI / (dp if stage >= 3 else 1),

@@ -2,7 +2,7 @@
 
 Memory constants by grid scans (least worst error on their points), then the five throughput
 knobs jointly by a small Nelder–Mead on the mean |error| of theirs, inside physical bounds.
-`python -m zerobench.fitting.fit` prints the result (about 3 minutes); DEFAULT is its fixed
+`python -m zerobench.fitting.fit` prints the result (minutes); DEFAULT is its fixed
 point, which tests/unit/test_perfmodel_fit.py checks locally.
 """
 

@@ -19,11 +19,11 @@ from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.results import write_record
 from zerobench.sweeps import sheets
-from zerobench.sweeps.search import searched
+from zerobench.sweeps.search import run_under_policy
 from zerobench.trial import TrialSpec, new_record
 
 
-def modelled(values: Mapping, cal: Calibration = DEFAULT) -> dict:
+def modelled_record(values: Mapping, cal: Calibration = DEFAULT) -> dict:
     """The modelled record of a trial's field values (parsed `zerobench model` flags, or a sheet's
     trial), under its batch/depth policy; `zero_os` models P_os as ZeRO-OS (zero_os_stage1)."""
     v = {**defaults("model"), "command": "model", **values}
@@ -35,14 +35,14 @@ def modelled(values: Mapping, cal: Calibration = DEFAULT) -> dict:
         return model_record(spec.model, spec.parallel, spec.precision, spec.train, v["hardware"], v["gpus_per_node"],
                             cal, attention=attention)  # fmt: skip
 
-    return searched(TrialSpec(*configs(v)), v, predict)
+    return run_under_policy(TrialSpec(*configs(v)), v, predict)
 
 
 def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
     """One sheet trial through the performance model: its record, `infeasible` where the layout
     cannot exist (the message names the field)."""
     try:
-        return modelled(trial, cal)
+        return modelled_record(trial, cal)
     except ConfigError as exc:
         fields = {k: trial.get(k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch", "hardware")}
         return new_record("modelled", status="infeasible", error=str(exc), **fields)

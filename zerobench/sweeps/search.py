@@ -61,7 +61,7 @@ def largest_that_fits(attempt: Callable[[int], dict], upper: int) -> tuple[dict,
     return best, attempts
 
 
-def searched(spec: TrialSpec, policies: Mapping, attempt: Callable[[TrialSpec], dict]) -> dict:
+def run_under_policy(spec: TrialSpec, policies: Mapping, attempt: Callable[[TrialSpec], dict]) -> dict:
     """`attempt(spec)` under the policies in `policies` (a trial's field values): once as listed,
     or searched; the record carries `listed_<field>`, `policy` and `attempts` where a search ran."""
     fields = [field for policy, field in SEARCHED.items() if policies.get(policy, "listed") == "largest_fits"]

@@ -95,19 +95,19 @@ def fig5(df: pd.DataFrame, fig) -> None:
     ax.set(xlabel="ZeRO configuration (400 GPUs, MP 16)", ylabel="largest trainable model (B parameters)")
 
 
-def _by_model_and_config(df: pd.DataFrame) -> pd.DataFrame:
+def _with_size_and_config(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(config=df.key.str.extract(r"(C\d)")[0], size=df.key.map(lambda k: f"{_size_b(k):g}B"))
 
 
 def fig6(df: pd.DataFrame, fig) -> None:
     ax = fig.subplots()
-    bars(ax, _by_model_and_config(df), "size", "config", CONFIGS)
+    bars(ax, _with_size_and_config(df), "size", "config", CONFIGS)
     ax.set(xlabel="model size", ylabel="PyTorch cached memory per GPU (GB)")
 
 
 def fig7(df: pd.DataFrame, fig) -> None:
     ax = fig.subplots()
-    bars(ax, _by_model_and_config(df), "size", "config", CONFIGS)
+    bars(ax, _with_size_and_config(df), "size", "config", CONFIGS)
     ax.set(xlabel="model size (60B on 128 GPUs, 170B on 400 GPUs)", ylabel="TFLOPS per GPU")
 
 
