@@ -2,13 +2,22 @@
 per-rank memory budget, DP degree 1 -> 2, stage 0 beside stage 3, each point at the largest
 micro-batch that fits the budget. ZeRO's partitioning frees memory per rank as N_d grows, the
 freed memory takes a larger micro-batch, and a larger micro-batch runs each rank more efficiently;
-whether that outweighs the added communication is what the table shows. No torch import."""
+whether that outweighs the added communication is what the table shows.
+
+The host's speed beside each trial (runtime/probe.py): the table is handed no profile, so each
+trial's probe is compared with the geometric mean of every probe of the sweep (`host_speed`, 1 =
+the sweep's typical speed). A pair's comparison needs both points taken at the same speed, and the
+ratio of two trials' speeds is the same whatever they are compared with: `vs_linear_normalized_pct`
+compares tokens/s divided by each trial's host speed. A trial more than SLOW_SPELL slower than the
+sweep's typical is `slow_spell`. Records without a probe leave these columns empty. No torch import."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from zerobench.artifacts.host_speed import run_speeds
 from zerobench.config import STAGE_LABELS
+from zerobench.runtime.probe import SLOW_SPELL, slow_spell
 
 # Two timings of the same work that differ by more than this factor mark the run as too noisy to
 # size the effect (stage 3 at N_d = 1 partitions nothing: its step is stage 0's plus hook overhead).
@@ -41,6 +50,9 @@ def table(records: list[dict]) -> pd.DataFrame:
         )
         for r in records
     ]
+    sweep = [reading for r in records if r["status"] == "ok" for reading in r.get("host_probe") or []]
+    for row, speed in zip(rows, run_speeds(records, sweep), strict=True):
+        row.update(host_speed=speed, slow_spell=slow_spell(speed))
     trials = pd.DataFrame(rows).sort_values(["stage", "dp", "micro_batch"], ignore_index=True)
     trials["ours"] = trials.tokens_per_s  # aggregate tokens/s of every trial that fitted
     trials["role"] = "judged"
@@ -54,6 +66,11 @@ def table(records: list[dict]) -> pd.DataFrame:
     best["per_rank_tokens_per_s"] = best.tokens_per_s / best.dp
     # Above 0: superlinear (faster than N_d copies of the one-rank point); below 0: sublinear.
     best["vs_linear_pct"] = 100 * (best.ours - best.expected) / best.expected
+    # tokens/s on the host at the sweep's typical speed: a trial at speed 0.8 ran 0.8x what it would have
+    best["tokens_per_s_normalized"] = best.tokens_per_s / pd.to_numeric(best.host_speed, errors="coerce")
+    one_norm = best[best.dp == 1].set_index("stage").tokens_per_s_normalized
+    linear = [one_norm.get(s, float("nan")) * d for s, d in zip(best.stage, best.dp, strict=True)]
+    best["vs_linear_normalized_pct"] = 100 * (best.tokens_per_s_normalized - linear) / linear
     best["reference"] = "perfect linear: N_d x tokens/s at N_d = 1, same stage and budget"
     best["error_pct"] = None  # no paper number at this scale: vs_linear_pct is the result, not an error
     return pd.concat([best, trials], ignore_index=True)
@@ -75,6 +92,7 @@ def seen(df: pd.DataFrame) -> str:
             f"at micro-batch {b.micro_batch:g} runs {b.ours:.0f} tokens/s, {abs(b.vs_linear_pct):.0f}% {way} the "
             f"linear {b.expected:.0f} ({b.per_rank_tokens_per_s:.0f} per rank against {a.ours:.0f})."
         )
+        lines.append(_host(a, b))
     top = best[best.dp == best.dp.max()].set_index("stage")
     one_rank = best[best.dp == 1].set_index("stage").ours
     if {0, 3} <= set(top.index) and top.dp.iloc[0] > 1:
@@ -99,3 +117,18 @@ def seen(df: pd.DataFrame) -> str:
             "of the effect is not established here; re-measure on a quiet machine."
         )
     return " ".join(lines)
+
+
+def _host(one: pd.Series, more: pd.Series) -> str:
+    """The pair's host speeds (runtime/probe.py) and the comparison normalized by them, in words."""
+    speeds = pd.to_numeric(pd.Series([one.host_speed, more.host_speed]), errors="coerce")
+    if speeds.isna().any():
+        return "Host speed beside these two trials: not recorded (no probe in their records)."
+    norm = more.vs_linear_normalized_pct
+    said = (
+        f"Host speed against the sweep's typical: {speeds[0]:.2f} at N_d=1, {speeds[1]:.2f} at N_d={more.dp:g}; "
+        f"normalized by it, N_d={more.dp:g} is {abs(norm):.0f}% {'above' if norm > 0 else 'below'} linear."
+    )
+    if speeds.min() < 1 - SLOW_SPELL:
+        said += f" Caution: one of the pair ran more than {SLOW_SPELL:.0%} slower than typical (a slow spell)."
+    return said

@@ -14,6 +14,11 @@ correction to the model's error taken from runs like the judged ones (at other s
 gives the prediction without it too (`ours_without_fitted`, `error_without_fitted_pct`); a row
 whose prediction it changes has role `fitted` (artifacts/common.py) and no verdict reads it.
 
+Each run carries the host speed probe (runtime/probe.py), compared with the profile's: a step row
+gives each run's host speed, sets aside the runs taken in a slow spell, and gives the step also
+normalized by the probe (`expected_normalized`, `error_normalized_pct`; artifacts/host_speed.py).
+A row whose every run was in a slow spell is `slow_spell` and no verdict reads it (report.stats).
+
 The profile is $ZEROBENCH_PROFILE, else results/profiles/calibrated-<device>.json (the workflow's
 `calibrate` rule); when absent it is measured first (`zerobench calibrate`, under a minute). The
 engine runs torch's fused scaled_dot_product_attention: `fused`.
@@ -31,6 +36,7 @@ from statistics import median
 import numpy as np
 import pandas as pd
 
+from zerobench.artifacts.host_speed import timed_runs
 from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import breakdown, max_layers
@@ -140,15 +146,17 @@ def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) ->
         # Time on the allocator users run (glibc); memory where RSS is the tensors (jemalloc): under
         # glibc RSS adds 40-110 % of allocator retention, under jemalloc steps slow (runtime/allocator.py).
         if allocator == "system":
-            steps = [run["step_time_s"] for run in runs]  # each run's median step (s)
+            timed, host = timed_runs(runs, hw.host_probe)  # runs in a slow spell set aside (host_speed.py)
+            steps = [run["step_time_s"] for run in timed]  # each run's median step (s)
+            every = [run["step_time_s"] for run in runs]
             ledger = [sum(e["seconds"] for e in (run.get("comm") or {}).values()) / run["steps"] for run in runs]
             rows.append(dict(
                 key=f"{key}: step (s)", series="step time (s)", ours=pred.step_time_s, expected=median(steps),
                 ours_without_fitted=bare.step_time_s, **_role(pred.step_time_s, bare.step_time_s),
                 compute_s=pred.compute_s, dp_comm_s=pred.dp_comm_s, mp_comm_s=pred.mp_comm_s + pred.host_copy_s,
                 optimizer_s=pred.optimizer_s, measured_comm_s=median(ledger),
-                measured_runs_s=" ".join(f"{v:.4g}" for v in steps),
-                runs_spread_pct=100 * (max(steps) - min(steps)) / median(steps), **common,
+                measured_runs_s=" ".join(f"{v:.4g}" for v in every),
+                runs_spread_pct=100 * (max(every) - min(every)) / median(every), **host, **common,
             ))  # fmt: skip
         if allocator == "jemalloc":  # one run: memory does not wander with the host's speed
             rows.append(dict(
@@ -163,6 +171,8 @@ def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) ->
     df["paper"] = None  # not a paper artifact: the reference is the measurement (`expected`)
     df["error_pct"] = 100 * (df.ours - df.expected) / df.expected
     df["error_without_fitted_pct"] = 100 * (df.ours_without_fitted - df.expected) / df.expected
+    normalized = pd.to_numeric(df["expected_normalized"], errors="coerce") if "expected_normalized" in df else np.nan
+    df["error_normalized_pct"] = 100 * (df.ours - normalized) / normalized
     return df
 
 

@@ -48,6 +48,7 @@ from zerobench.clock import device_clock
 from zerobench.config import ConfigError
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
+from zerobench.runtime import probe
 from zerobench.runtime.devices import hardware_profile
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
@@ -71,6 +72,13 @@ def host_copy_bw(log) -> float:
                x.numel() / timed(lambda: x.copy_(d, non_blocking=True), "cuda"))  # fmt: skip
     log(f"host<->device: {rate / 1e9:.1f} GB/s")
     return rate
+
+
+def host_probe(device: str, log) -> list:
+    """One reading of the host speed probe (runtime/probe.py), logged."""
+    reading = probe.read(device)
+    log(f"host probe: GEMM {reading[2] / 1e9:.1f} GFLOP/s, copy {reading[3] / 1e9:.2f} GB/s")
+    return reading
 
 
 def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -> None:
@@ -209,6 +217,7 @@ def calibrate(
     # The collective runs are spread over the calibration, first, after the grids and last: a
     # shared host's slow spells last a minute or more, and one run in one took its calls 2-5x as long.
     runs = COLLECTIVE_RUNS if passes > 1 else 1
+    probes = [host_probe(device, log)]  # at the start and the end: what a trial's probe is compared with
     coll_runs = [collective_run(device, sizes, log)]
     gemm = gemm_table(device, dtype, log, passes)
     kernels = kernel_table(device, dtype, log, passes)
@@ -224,6 +233,7 @@ def calibrate(
     stream_bw = 3 * add[1] * dtype.itemsize / add[2]
     coll_runs += [collective_run(device, sizes, log) for _ in range(runs - len(coll_runs))]
     coll, curve, syncs = collectives(coll_runs, log) if sizes else ([], [], [])
+    probes.append(host_probe(device, log))
     if coll:
         ring_bw = max(r[3] for r in coll if r[0] == "all_reduce")
         alpha = min(r[2] for r in coll if r[0] == "all_reduce")
@@ -249,6 +259,7 @@ def calibrate(
         collectives=tuple(map(tuple, coll)), collective_table=tuple(map(tuple, curve)),
         sync_table=tuple(map(tuple, syncs)),
         ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
+        host_probe=tuple(map(tuple, probes)),
     )  # fmt: skip
     if device == "cpu" and 2 in sizes and (os.cpu_count() or 1) >= 2:  # MP 2 as the trials run it
         waits = mp_step_waits(profile, log, MP_STEP_ROUNDS if passes > 1 else 1)

@@ -56,6 +56,10 @@ class HardwareProfile:
     # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
     reserve_bytes: float | None = None
+    # ((GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s), ...): the host speed probe read at the
+    # calibration's start and end (runtime/probe.py). The model never reads it: a measured trial's
+    # probe over it says how fast the host ran beside that trial (docs/perfmodel.md)
+    host_probe: tuple = ()
 
     @property
     def node_ib_bw(self) -> float:

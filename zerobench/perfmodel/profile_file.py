@@ -52,7 +52,8 @@ def find(name: str) -> Path | None:
 
 def to_dict(profile: HardwareProfile) -> dict:
     d = dataclasses.asdict(profile)
-    for name in ("gemm_table", "collectives", "collective_table", "sync_table", "mp_sync_table", "kernel_table"):
+    for name in ("gemm_table", "collectives", "collective_table", "sync_table", "mp_sync_table", "kernel_table",
+                 "host_probe"):  # fmt: skip
         d[name] = [list(row) for row in getattr(profile, name)]  # JSON rows: lists, not tuples
     return d
 
@@ -90,6 +91,14 @@ def _kernel_row(where: str, row) -> list:
         raise ConfigError(f"{where}.kernel={name!r}: must be one of {KERNELS}")
     return [name, _number(f"{where}.size", size), _number(f"{where}.forward_s", fwd),
             _number(f"{where}.backward_s", bwd, positive=False)]  # fmt: skip
+
+
+def _probe_row(where: str, row) -> list:
+    n, size, gemm, copy = row
+    for name, v in (("gemm_n", n), ("copy_bytes", size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{where}.{name}={v!r}: must be an integer >= 1")
+    return [n, size, _number(f"{where}.gemm_flops_per_s", gemm), _number(f"{where}.copy_bytes_per_s", copy)]
 
 
 def _group(where: str, op: str, size) -> None:
@@ -161,6 +170,7 @@ def from_dict(d: dict) -> HardwareProfile:
         if (op, size) not in timed:
             raise ConfigError(f"collective_table: no row of {op} over {size} ranks; its measured curve is read")
     v["kernel_table"] = _rows("kernel_table", d.get("kernel_table", []), 4, _kernel_row)
+    v["host_probe"] = _rows("host_probe", d.get("host_probe", []), 4, _probe_row)
     if d.get("measured"):
         if not v["gemm_table"]:
             raise ConfigError("gemm_table=[]: a measured profile needs at least one row")

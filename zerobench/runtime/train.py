@@ -21,7 +21,7 @@ from zerobench.model import GPT
 from zerobench.parallel import topology
 from zerobench.parallel.comms import Comms
 from zerobench.parallel.megatron import apply_tensor_parallel
-from zerobench.runtime import allocator, faults, snapshot
+from zerobench.runtime import allocator, faults, probe, snapshot
 from zerobench.runtime.batches import micro_batches, token_source
 from zerobench.runtime.devices import StepTimer, hardware_profile, mfu, peak_memory
 from zerobench.trial import TrialSpec
@@ -104,6 +104,10 @@ def _check_cap(spec: TrialSpec, used: float, what: str) -> str | None:
 def measure(spec: TrialSpec, ctx, device) -> dict:
     """Every rank: build, warm up, time `spec.train.steps` steps; returns the record (the same on
     every rank: losses and peaks are reduced over the ranks)."""
+    # The host's speed before and after (runtime/probe.py), outside the window memory is measured
+    # in: rank 0 reads it while the others wait at a collective, so nothing shares the host with it.
+    before = probe.read(str(device)) if ctx.rank == 0 else [0.0] * 4
+    Comms().all_reduce(torch.zeros(1, device=device), ctx.world)
     rss_base = memory.reset_peak_rss()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -141,8 +145,11 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     metrics.all_reduce(loss_t, ctx.dp)
     loss_t /= ctx.dp.size
     peak = peak_memory(device)
-    peaks = torch.tensor([*peak, peak[0] - rss_base, build_peak], dtype=torch.float64, device=device)
+    after = probe.read(str(device)) if ctx.rank == 0 else [0.0] * 4
+    # rank 0's probe readings ride along (0 elsewhere): the record is the same on every rank
+    peaks = torch.tensor([*peak, peak[0] - rss_base, build_peak, *before, *after], dtype=torch.float64, device=device)
     metrics.all_reduce(peaks, ctx.world, op=dist.ReduceOp.MAX)
+    host_probe = [[int(n), int(size), gemm, copy] for n, size, gemm, copy in peaks[5:].view(2, 4).tolist()]
     step_time = statistics.median(times)
     steps = spec.train.steps
     comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
@@ -179,6 +186,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
         extra={
             "rss_growth_bytes": int(peaks[3]),
             "allocator": allocator.in_use(),
+            "host_probe": host_probe,  # readings before the build, after the timed steps (runtime/probe.py)
             **({"checkpoint_host_bytes": store.peak_host_bytes} if store else {}),
             **({"fragmentation_bytes": int(peaks[2] - peaks[1])} if cuda else {}),
         },

@@ -1,0 +1,118 @@
+"""The host speed probe: a fixed fp32 GEMM and a fixed memory copy, each timed a few times (about
+0.1 s on one CPU core), read beside every timed measured trial (runtime/train.py: rank 0, before
+and after its timed steps) and by `zerobench calibrate` (at its start and its end, kept in the
+profile). A shared host has slow spells of a minute or more; a trial's readings over its
+calibration's say how fast the host ran for the trial, against when the rates the model predicts
+from were measured (docs/perfmodel.md, "Measured comparisons on a noisy host").
+
+A reading is one row (GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s): the sizes it was taken
+at, then its two rates, each the median of REPEATS timings. A record's `host_probe` and a profile's
+`host_probe` are lists of readings (a record's: before, after its timed steps). Readings compare
+only at the same sizes. No torch import at module level: the tables read the ratio without it.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import statistics
+from collections.abc import Callable, Sequence
+
+SLOW_SPELL = 0.15  # a host more than 15 % slower than its reference (host_speed < 0.85): a slow spell
+REPEATS = 9  # timings of each kernel per reading; the reading is their median
+# n of the n x n x n fp32 GEMM, and bytes of the copy (fp32, beyond the last-level cache), per device
+GEMM_N = {"cpu": 512, "cuda": 4096}
+COPY_BYTES = {"cpu": 2**25, "cuda": 2**28}
+
+
+def read(device: str = "cpu", clock: Callable[[], float] | None = None) -> list:
+    """One reading on `device` (`cpu` or `cuda`): [GEMM n, copy bytes, GEMM FLOP/s, bytes copied
+    per s]. On CPU one intra-op thread (the workflow's ranks' setting, and the calibration's),
+    restored after; on CUDA TF32 off, restored after: the same fixed work whatever the caller set.
+    The buffers are given back when it returns (CPU: an anonymous mapping of their own, past any
+    allocator, so no allocator keeps them in the process's RSS; CUDA: the cache emptied), yet the
+    peak marks see them: a trial reads it outside the window its memory is measured in.
+    `clock` (seconds) is the seam tests inject; by default the device clock (zerobench/clock.py)."""
+    import torch  # here, not above: the tables import this module for `host_speed` without torch
+
+    from zerobench.clock import device_clock  # it imports torch: here for the same reason
+
+    kind = torch.device(device).type
+    n, nbytes = GEMM_N[kind], COPY_BYTES[kind]
+    threads, tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+    if kind == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        rates = _rates(torch, device, n, nbytes, clock or device_clock(device))
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        if kind == "cuda":
+            torch.cuda.empty_cache()
+    return [n, nbytes, *rates]
+
+
+def _rates(torch, device: str, n: int, nbytes: int, clock) -> tuple[float, float]:
+    """(GEMM FLOP/s, bytes copied per s): the median of REPEATS timings each, after a warm-up."""
+    elements = 3 * n * n + 2 * (nbytes // 4)  # a, b, a @ b; the copy's source and destination (fp32)
+    if torch.device(device).type == "cpu":
+        buf = torch.frombuffer(mmap.mmap(-1, 4 * elements), dtype=torch.float32)
+    else:
+        buf = torch.empty(elements, device=device)
+    a, b, c = (buf[i * n * n : (i + 1) * n * n].view(n, n) for i in range(3))
+    src, dst = buf[3 * n * n :].chunk(2)
+    a.normal_(generator=torch.Generator(device).manual_seed(0))
+    b.copy_(a.T)
+    src.fill_(1.0)
+
+    def seconds(fn) -> float:
+        fn()  # warm-up: first touch of the pages, the kernel's first launch
+        times = []
+        for _ in range(REPEATS):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+        return statistics.median(times)
+
+    return 2 * n**3 / seconds(lambda: torch.mm(a, b, out=c)), nbytes / seconds(lambda: dst.copy_(src))
+
+
+def check(readings, where: str = "host_probe") -> list[list]:
+    """The readings as rows, or ValueError naming the one that is not [n >= 1, bytes >= 1, FLOP/s > 0,
+    bytes/s > 0]."""
+    if not isinstance(readings, list | tuple):
+        raise ValueError(f"{where}={readings!r}: must be a list of readings [gemm_n, copy_bytes, flop/s, bytes/s]")
+    rows = []
+    for i, row in enumerate(readings):
+        ok = isinstance(row, list | tuple) and len(row) == 4
+        ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in row)
+        if not ok or min(row) <= 0 or row[0] != int(row[0]) or row[1] != int(row[1]):
+            raise ValueError(f"{where}[{i}]={row!r}: must be [gemm_n >= 1, copy_bytes >= 1, flop/s > 0, bytes/s > 0]")
+        rows.append(list(row))
+    return rows
+
+
+def host_speed(readings: Sequence | None, reference: Sequence | None) -> float | None:
+    """How fast the host ran at `readings` against `reference` (both lists of readings): the
+    geometric mean over GEMM and copy of (geometric mean of the rate over `readings`) / (the same
+    over `reference`). Below 1: slower (0.8 = 20 % slower). None where either has no reading or
+    their sizes differ (a reading compares only with one of the same work)."""
+    if not readings or not reference:
+        return None
+    readings, reference = check(readings), check(reference, "reference")
+    if {tuple(r[:2]) for r in readings} | {tuple(r[:2]) for r in reference} != {tuple(readings[0][:2])}:
+        return None
+
+    def geomean(values) -> float:
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+
+    ratios = [geomean(r[k] for r in readings) / geomean(r[k] for r in reference) for k in (2, 3)]
+    return geomean(ratios)
+
+
+def slow_spell(speed: float | None) -> bool | None:
+    """True where `speed` (host_speed) is more than SLOW_SPELL slower than its reference; None
+    where it is unknown (no probe)."""
+    return None if speed is None else speed < 1 - SLOW_SPELL
