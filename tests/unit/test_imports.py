@@ -30,24 +30,8 @@ LAYERS = (
 UNEXPLAINED = {
     ("zerobench.artifacts.report", "zerobench.artifacts.superlinear"),
     ("zerobench.artifacts.report", "zerobench.peers.summary"),
-    ("zerobench.artifacts.table1", "zerobench.runtime.trace"),
-    ("zerobench.artifacts.table1", "zerobench.trial"),
-    ("zerobench.calibrate.engine_runs", "zerobench.config"),
-    ("zerobench.calibrate.engine_runs", "zerobench.perfmodel.engine_memory"),
-    ("zerobench.calibrate.engine_runs", "zerobench.perfmodel.network"),
-    ("zerobench.calibrate.engine_runs", "zerobench.perfmodel.predict"),
-    ("zerobench.calibrate.engine_runs", "zerobench.runtime.allocator"),
-    ("zerobench.calibrate.kernels", "zerobench.config"),
-    ("zerobench.calibrate.kernels", "zerobench.model"),
-    ("zerobench.calibrate.kernels", "zerobench.zero.optimizer"),
     ("zerobench.calibrate.machine", "zerobench.parallel.comms"),
     ("zerobench.calibrate.machine", "zerobench.parallel.topology"),
-    ("zerobench.checks.gpu_check", "zerobench.cli_args"),
-    ("zerobench.checks.gpu_check", "zerobench.fields"),
-    ("zerobench.checks.gpu_check", "zerobench.perfmodel"),
-    ("zerobench.checks.gpu_check", "zerobench.perfmodel.kernels"),
-    ("zerobench.perfmodel.kernels", "zerobench.config"),
-    ("zerobench.runtime.devices", "zerobench.perfmodel.hardware"),
 }
 
 

@@ -14,7 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
+from zerobench.perfmodel import network, predict
+from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
+from zerobench.runtime import allocator
 
 # The MP step benchmark's models: tiny's 2 layers and vocabulary at (hidden, seq, micro-batch),
 # whose activation all-reduces are 128-512 KiB (where the measured curve is flat) and whose compute
@@ -46,9 +50,6 @@ def runtime_bytes(log) -> tuple[float, float]:
     none of it tensors). Measured under the allocator this process runs with (the workflow's
     calibrate: glibc; the memory trials it predicts run jemalloc, and the tiny model read the same
     under both here: 20.3 against 20.7 MiB, 54.0 against 55.2 with checkpointing)."""
-    from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-    from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
-    from zerobench.runtime import allocator
 
     model, precision, b = preset("tiny"), PrecisionConfig("fp32", "cpu"), TrainConfig().micro_batch
     beyond = []
@@ -77,8 +78,6 @@ def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -
     hence rounds in turn and medians.
     Raises if the engine ran another number of MP all-reduces than the model counts
     (perfmodel/network.py, `mp_calls_per_step`)."""
-    from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-    from zerobench.perfmodel import network, predict
 
     curve_only = dataclasses.replace(profile, sync_table=(), mp_sync_table=())
     calls = network.mp_calls_per_step(preset("tiny").layers, False, 1)

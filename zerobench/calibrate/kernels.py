@@ -30,9 +30,12 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from zerobench.clock import device_clock
+from zerobench.config import ModelConfig, TrainConfig
+from zerobench.model import GPT
 from zerobench.parallel.comms import Comms
 from zerobench.parallel.tensor_parallel import TensorParallel, VocabShard, vocab_parallel_cross_entropy
 from zerobench.parallel.topology import Group
+from zerobench.zero.optimizer import ShardedAdam, clip_, global_grad_norm
 
 # Linear grid per device: each dimension from these values (log-spaced); shapes above the FLOP
 # cap are skipped (saturated: the model reads them halved into the measured range, kernels.gemm_rate).
@@ -215,8 +218,6 @@ def _optimizer_rows(device: str) -> list[list]:
     December 2026, flipped between the two (0.73-1.58 over the calibrations). At cpu-10m's 5.3M the
     loop read Adam 1.27-1.60 ns/param and the clip 0.52-0.77, the step under torch.profiler 1.30-1.42
     and 0.64-0.72 in the same minutes (cache flushed before each call: 1.40-1.70 and 0.84-1.10)."""
-    from zerobench.config import TrainConfig
-    from zerobench.zero.optimizer import ShardedAdam, clip_, global_grad_norm
 
     def times(n: int) -> tuple[float, float]:  # its tensors freed on return: 2^26 holds 1 GiB
         p = torch.zeros(n, device=device)
@@ -244,8 +245,6 @@ class _OpCount(TorchDispatchMode):
 def op_overhead(device: str, log) -> tuple[float, tuple[int, int]]:
     """(seconds per op of negligible arithmetic, forward + backward; (ops per layer, ops of the
     rest of the model) counted on the plain model's forward and backward)."""
-    from zerobench.config import ModelConfig
-    from zerobench.model import GPT
 
     x = torch.ones(1, device=device, requires_grad=True)
 

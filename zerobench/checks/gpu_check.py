@@ -19,6 +19,10 @@ import time
 from pathlib import Path
 
 from zerobench import results
+from zerobench.cli_args import configs
+from zerobench.fields import FIELDS
+from zerobench.perfmodel import model_record
+from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
 PRESETS = ("gpt-1.5b", "dp-6b")
 STAGES = (0, 3)
@@ -38,7 +42,6 @@ def trial(model: str, stage: int, micro_batch: int) -> dict:
 
 def flags(values: dict) -> list[str]:
     """`zerobench run`'s flags for trial `values` (a switch given when true)."""
-    from zerobench.fields import FIELDS
 
     out = []
     for name, value in values.items():
@@ -61,9 +64,6 @@ def _run(values: dict, out: Path, timeout: float) -> dict:
 def prediction(values: dict, hardware: str) -> dict:
     """The modelled record of trial `values` on the profile `hardware` (a name or a profile path),
     one GPU per node, with the engine's attention kernel."""
-    from zerobench.cli_args import configs
-    from zerobench.perfmodel import model_record
-    from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
     model, parallel, precision, train = configs({**values, "command": "run"})
     return model_record(model, parallel, precision, train, hardware, gpus_per_node=1, attention=ENGINE_ATTENTION)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from zerobench.config import ModelConfig
+from zerobench.config import ConfigError, ModelConfig
 from zerobench.perfmodel.hardware import HardwareProfile
 
 ATTENTION = ("materialized", "fused")
@@ -31,7 +31,6 @@ ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/model.py calls sca
 
 
 def check_attention(attention: str) -> str:
-    from zerobench.config import ConfigError
 
     if attention not in ATTENTION:
         raise ConfigError(f"attention={attention!r}: must be one of {ATTENTION}")

@@ -9,6 +9,7 @@ import torch
 
 from zerobench import memory
 from zerobench.clock import device_clock, stream_sync
+from zerobench.perfmodel.hardware import get_profile
 
 # CUDA device-name fragments -> hardware profile of zerobench/perfmodel/hardware.py
 _PROFILE_BY_NAME = (("H200", "h200-141gb"), ("H100", "h100-80gb"), ("A100", "a100-80gb"), ("V100", "v100-32gb-dgx2"))
@@ -51,6 +52,5 @@ def mfu(tflops_per_gpu: float, profile: str | None) -> float | None:
     """Achieved over the profile's dense 16-bit peak; None without a profile."""
     if profile is None:
         return None
-    from zerobench.perfmodel.hardware import get_profile
 
     return tflops_per_gpu * 1e12 / get_profile(profile).peak_flops
