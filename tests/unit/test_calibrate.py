@@ -478,13 +478,13 @@ def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
     assert len(ran) == 3 and all(a[a.index("--hidden") + 1] == str(hidden) for a in ran)
     assert all(a[a.index("--mp") + 1] == "2" for a in ran)
     assert size == 2 and wait == pytest.approx(0.02 / calls - 1e-3)  # the median run's per call, less the curve
-    # between two calls: the modelled compute of an MP 2 rank of tiny at this shape (materialized
-    # attention, the model's default), by hand as in _one_rank_compute_by_hand, x1.25 for two ranks
-    h, s, heads, v, layers = hidden, seq, MODEL.heads, MODEL.vocab, MODEL.layers
-    t, psi, scores = b * s, dataclasses.replace(MODEL, hidden=h, seq=s).num_params, b * (heads // 2) * s * s
-    lin = 2 * t * 6 * h * h + 2 * scores * (h // heads) * 2  # qkv, proj, fc1, fc2 halved; QKᵀ and P·V
+    # between two calls: the modelled compute of an MP 2 rank of tiny at this shape (fused attention,
+    # the kernel the engine runs), by hand as in _one_rank_compute_by_hand, x1.25 for two ranks
+    h, s, v, layers = hidden, seq, MODEL.vocab, MODEL.layers
+    t, psi = b * s, dataclasses.replace(MODEL, hidden=h, seq=s).num_params
+    lin = 2 * t * 6 * h * h  # qkv, proj, fc1, fc2 halved; QKᵀ and P·V run inside the fused kernel
     gemm = layers * (lin / FWD + 2 * lin / BWD) + 2 * t * h * (v / 2) * (1 / FWD + 2 / BWD)
-    layer = 2 * t * h + t * 4 * h / 2 + 2 * t * h + scores  # 2 layernorms, GeLU over 4h/2, 2 adds, softmax
+    layer = 2 * t * h + t * 4 * h / 2 + 2 * t * h + b * s * s * h / 2  # 2 layernorms, GeLU, 2 adds, attention
     kernels = layers * layer * (CF + CB) + (t * v / 2 + t * h + v / 2 * h) * (CF + CB) + (v / 2 * h + psi / 2) * CF
     compute = 1.25 * (gemm + kernels + (layers * 100 + 30) * 4e-6)
     assert between == pytest.approx(compute / calls)  # as modelled, not as the slow host ran it

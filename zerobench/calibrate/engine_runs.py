@@ -18,6 +18,7 @@ from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, prese
 from zerobench.perfmodel import network, predict
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
+from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 from zerobench.runtime import allocator
 
 # The MP step benchmark's models: tiny's 2 layers and vocabulary at (hidden, seq, micro-batch),
@@ -85,7 +86,7 @@ def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -
     for hidden, seq, b in MP_STEP_SHAPES:
         model = dataclasses.replace(preset("tiny"), hidden=hidden, seq=seq)
         modelled = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b),
-                           curve_only)  # fmt: skip
+                           curve_only, attention=ENGINE_ATTENTION)  # fmt: skip
         shapes.append((model, b, modelled, []))
     for i in range(rounds):
         for model, b, modelled, per_call in shapes:
