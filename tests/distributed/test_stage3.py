@@ -226,6 +226,41 @@ def test_gather_order_is_the_execution_order():
     assert first["prefetches"] == 0 and second["prefetches"] > 0 and second["misses"] == 0
 
 
+def _gather_kinds(engine: Stage3) -> dict:
+    """Cumulative gathers by kind after a step: on demand (synchronous), ahead, and ahead into a
+    second buffer of a bucket in use; the root's size; the live peak."""
+    g = engine.gathered
+    return {"sync": g.gathers - g.prefetches, "ahead": g.prefetches, "again": g.again,
+            "root": g.sizes[engine.bucket_names.index("(root)")], "peak": g.peak_live_bytes}  # fmt: skip
+
+
+def test_root_gathered_ahead_for_backward_into_a_second_buffer():
+    """The root bucket (wte, wpe) is held through the whole forward and read again first in
+    backward. With a budget that holds it, its backward gather is issued ahead while the forward
+    still uses it, into a second buffer: from step 2 on one synchronous gather per micro-batch
+    (the root at forward's start, whose shard the step just changed), not two, and the same
+    bytes moved. With a budget one byte short of the root, every other bucket is still gathered
+    ahead, the root on demand twice."""
+    base = spec_for("awkward", dp=2, stage=3, steps=3)
+    root = threaded(2, engine_run, base, _gather_kinds)[0]["probes"][0]["root"]
+    out = {}
+    for name, prefetch in (("fits", 2**30), ("short", root - 1)):
+        spec = dataclasses.replace(base, parallel=dataclasses.replace(base.parallel, prefetch_bytes=prefetch))
+        out[name] = threaded(2, engine_run, spec, _gather_kinds)
+        _check_parity(out[name], spec)
+    fits, short = (out[k][0] for k in ("fits", "short"))
+    buckets = fits["buckets"]
+    first, second, third = fits["probes"]
+    assert (first["sync"], first["ahead"], first["again"]) == (2 * buckets, 0, 0)  # step 1 records the order
+    for before, after in ((first, second), (second, third)):
+        assert after["sync"] - before["sync"] == 1 and after["ahead"] - before["ahead"] == 2 * buckets - 1
+        assert after["again"] > before["again"]
+    s1, s2 = short["probes"][:2]
+    assert s2["sync"] - s1["sync"] == 2 and s2["ahead"] - s1["ahead"] == 2 * buckets - 2
+    assert s2["peak"] <= fits["probes"][0]["peak"] + root - 1  # within need + prefetch_bytes
+    assert fits["volume"] == short["volume"] and fits["losses"] == short["losses"]  # same bytes, same losses
+
+
 class _Chain(nn.Module):
     """Three Linears registered c, b, a, run in the order `self.order` names (a, b, c at first),
     then a weight of the root's own (a bucket held through the forward, as the GPT's wte)."""

@@ -4,7 +4,12 @@ bound on their bytes, and prefetch along the order the program used before.
 The order in which buckets are gathered (forward and backward) is recorded during the first
 micro-batch; from then on each gather issues asynchronous gathers of the next buckets in that
 order, while the bytes gathered ahead of use stay within `prefetch_bytes` and all gathered bytes
-(in use and ahead) within `max_live_bytes`. A bucket the program needs is gathered regardless of
+(in use and ahead) within `max_live_bytes`. A bucket in use whose next use comes up in the order
+is gathered ahead into a second buffer (`again`), which serves that use once the first is
+released: the GPT's root bucket (wte, wpe) is held through the whole forward and read again at
+the start of backward, so without it that gather could never be issued ahead. The second gather
+moves the same bytes as the on-demand one it replaces (the 3Ψ of §7.2.2 is unchanged); its
+buffer counts as gathered ahead. A bucket the program needs is gathered regardless of
 prefetch; if that alone breaks `max_live_bytes` the step fails naming the field. When the program
 leaves the recorded order, the rest of the micro-batch gathers on demand (`trace_misses`).
 """
@@ -25,8 +30,9 @@ from zerobench.zero.partition import FlatLayout
 class GatheredBuckets:
     """Gathers and releases the partitioned buckets of `layout` (those listed in `shards`: this
     rank's chunk of each); `point(b, flat)` makes bucket b's parameters views of `flat`, or
-    releases them (None). Counters: `live_bytes`, `peak_live_bytes`, `gathers`, `prefetches`,
-    `misses`; `order` is the recorded order, (bucket, in backward) pairs."""
+    releases them (None). Counters: `live_bytes`, `peak_live_bytes`, `gathers`, `prefetches`
+    (of which `again`: a second buffer for a bucket in use), `misses`; `order` is the recorded
+    order, (bucket, in backward) pairs."""
 
     def __init__(
         self,
@@ -46,8 +52,9 @@ class GatheredBuckets:
         self.buffers: dict[int, torch.Tensor] = {}  # gathered (or arriving) bucket buffers
         self._handles: dict[int, object] = {}  # their all-gathers still to wait for
         self.ready: set[int] = set()  # buckets asked for and pointed at
+        self.second: dict[int, tuple[torch.Tensor, object]] = {}  # buckets in use: their next use's buffer, gather
         self.live_bytes = self.peak_live_bytes = 0
-        self.gathers = self.prefetches = self.misses = 0
+        self.gathers = self.prefetches = self.again = self.misses = 0
         self.order: list[tuple[int, bool]] = []
         self._recorded = False
         self._cursor: int | None = 0  # next place in the order; None: off it
@@ -60,8 +67,14 @@ class GatheredBuckets:
     def end_micro_batch(self) -> None:
         """The order is recorded; every bucket still gathered is released."""
         self._recorded = True
+        for b in list(self.second):
+            self._drop_second(b)
         for b in list(self.buffers):
             self.release(b)
+
+    def held(self) -> list[torch.Tensor]:
+        """Every gathered (or arriving) buffer: in use, ahead, and second buffers."""
+        return [*self.buffers.values(), *(buf for buf, _ in self.second.values())]
 
     def fetch(self, b: int, in_backward: bool) -> torch.Tensor:
         """Bucket b gathered, waited for and its parameters pointing at it (the program needs it now)."""
@@ -84,12 +97,25 @@ class GatheredBuckets:
         self.live_bytes -= self.sizes[b]
         self.point(b, None)
         self.pool.give(buf)
+        if b in self.second:  # its next use, gathered ahead while this one ran, now waits as a prefetch
+            self.buffers[b], self._handles[b] = self.second.pop(b)
+
+    def _drop_second(self, b: int) -> None:
+        buf, handle = self.second.pop(b)
+        handle.wait()
+        self.live_bytes -= self.sizes[b]
+        self.pool.give(buf)
 
     def _gather(self, b: int, prefetch: bool) -> None:
-        buf = self.buffers[b] = self.pool.take(self.layout.buckets[b].padded)
+        buf = self.pool.take(self.layout.buckets[b].padded)
         self.live_bytes += self.sizes[b]
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-        self._handles[b] = self.comms.all_gather(buf, self.shards[b], self.dp, async_op=prefetch)
+        handle = self.comms.all_gather(buf, self.shards[b], self.dp, async_op=prefetch)
+        if b in self.ready:  # in use: this is its next use's buffer
+            self.second[b] = buf, handle
+            self.again += 1
+        else:
+            self.buffers[b], self._handles[b] = buf, handle
         self.gathers += 1
         self.prefetches += prefetch
 
@@ -97,6 +123,8 @@ class GatheredBuckets:
         if self.live_bytes + self.sizes[b] > self.max_live_bytes:  # drop prefetches the program did not follow
             for ahead in [a for a in self.buffers if a not in self.ready]:
                 self.release(ahead)
+            for a in list(self.second):
+                self._drop_second(a)
         need = self.live_bytes + self.sizes[b]
         if need > self.max_live_bytes:
             raise ConfigError(
@@ -117,11 +145,10 @@ class GatheredBuckets:
             self._cursor = None
 
     def _prefetch(self) -> None:
-        ahead = sum(self.sizes[a] for a in self.buffers if a not in self.ready)
+        waiting = [a for a in self.buffers if a not in self.ready] + list(self.second)
+        ahead = sum(self.sizes[a] for a in waiting)
         for b, _ in self.order[self._cursor :]:
-            if b in self.ready:  # gathered again only after this use is released
-                break
-            if b in self.buffers:
+            if b in self.second or (b in self.buffers and b not in self.ready):  # its next use is on its way
                 continue
             n = self.sizes[b]
             if ahead + n > self.prefetch_bytes or self.live_bytes + n > self.max_live_bytes:

@@ -221,7 +221,7 @@ class Stage3(ZeroEngine):
     # -- inspection -----------------------------------------------------------------------------
     def transient_states(self):
         return [(t, "grad") for t in self.grads.staging.values()] + [
-            (t, "param") for t in self.gathered.buffers.values()
+            (t, "param") for t in self.gathered.held()
         ]
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
