@@ -41,7 +41,8 @@ def test_read_takes_its_rates_from_the_clock_on_one_thread():
     n, nbytes, gemm, copy = probe.read("cpu", clock)
     assert (n, nbytes) == (probe.GEMM_N["cpu"], probe.COPY_BYTES["cpu"])
     assert gemm == pytest.approx(2 * 512**3 / 0.001) and copy == pytest.approx(2**25 / 0.001)
-    assert len(seen) == 2 * 2 * probe.REPEATS and set(seen) == {1}  # two reads per timing, one thread
+    # per timing one read, then one a call until WINDOW_S (10 calls of 1 ms); all on one thread
+    assert len(seen) == 2 * probe.REPEATS * (1 + round(probe.WINDOW_S / 0.001)) and set(seen) == {1}
     assert torch.get_num_threads() == 2  # the caller's setting given back
 
 

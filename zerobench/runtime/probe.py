@@ -1,13 +1,13 @@
 """The host speed probe: a fixed fp32 GEMM and a fixed memory copy, each timed a few times (about
-0.1 s on one CPU core), read beside every timed measured trial (runtime/train.py: rank 0, before
-and after its timed steps) and by `zerobench calibrate` (at its start and its end, kept in the
+0.2 s a reading on one CPU core), read beside every timed measured trial (runtime/train.py: rank 0,
+before its build and after its timed steps) and by `zerobench calibrate` (at its start and its end, kept in the
 profile). A shared host has slow spells of a minute or more; a trial's readings over its
 calibration's say how fast the host ran for the trial, against when the rates the model predicts
 from were measured (docs/perfmodel.md, "Measured comparisons on a noisy host").
 
 A reading is one row (GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s): the sizes it was taken
-at, then its two rates, each the median of REPEATS timings. A record's `host_probe` and a profile's
-`host_probe` are lists of readings (a record's: before, after its timed steps). Readings compare
+at, then its two rates, each the median of REPEATS timings of WINDOW_S or more. A record's
+`host_probe` and a profile's `host_probe` are lists of readings (a record's: before, after). Readings compare
 only at the same sizes. No torch import at module level: the tables read the ratio without it.
 """
 
@@ -19,7 +19,8 @@ import statistics
 from collections.abc import Callable, Sequence
 
 SLOW_SPELL = 0.15  # a host more than 15 % slower than its reference (host_speed < 0.85): a slow spell
-REPEATS = 9  # timings of each kernel per reading; the reading is their median
+REPEATS = 5  # timings of each kernel per reading; the reading is their median
+WINDOW_S = 0.01  # each timing the mean seconds per call over calls filling at least this window
 # n of the n x n x n fp32 GEMM, and bytes of the copy (fp32, beyond the last-level cache), per device
 GEMM_N = {"cpu": 512, "cuda": 4096}
 COPY_BYTES = {"cpu": 2**25, "cuda": 2**28}
@@ -55,7 +56,8 @@ def read(device: str = "cpu", clock: Callable[[], float] | None = None) -> list:
 
 
 def _rates(torch, device: str, n: int, nbytes: int, clock) -> tuple[float, float]:
-    """(GEMM FLOP/s, bytes copied per s): the median of REPEATS timings each, after a warm-up."""
+    """(GEMM FLOP/s, bytes copied per s): the median of REPEATS timings each, after a warm-up; a
+    timing is the mean seconds per call over the calls that fill WINDOW_S."""
     elements = 3 * n * n + 2 * (nbytes // 4)  # a, b, a @ b; the copy's source and destination (fp32)
     if torch.device(device).type == "cpu":
         buf = torch.frombuffer(mmap.mmap(-1, 4 * elements), dtype=torch.float32)
@@ -70,10 +72,14 @@ def _rates(torch, device: str, n: int, nbytes: int, clock) -> tuple[float, float
     def seconds(fn) -> float:
         fn()  # warm-up: first touch of the pages, the kernel's first launch
         times = []
-        for _ in range(REPEATS):
-            t0 = clock()
-            fn()
-            times.append(clock() - t0)
+        for _ in range(REPEATS):  # each the mean over a window: single calls here run 1x or 3x as fast
+            calls, t0 = 0, clock()
+            while True:
+                fn()
+                calls += 1
+                if (elapsed := clock() - t0) >= WINDOW_S:
+                    break
+            times.append(elapsed / calls)
         return statistics.median(times)
 
     return 2 * n**3 / seconds(lambda: torch.mm(a, b, out=c)), nbytes / seconds(lambda: dst.copy_(src))
