@@ -14,6 +14,8 @@ import yaml
 from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
+from zerobench.artifacts.superlinear import seen
+from zerobench.peers.summary import peers_markdown
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
 SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct",
@@ -107,8 +109,6 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     if "kind" in shown:  # capacity: the per-stage summary first
         shown = pd.concat([shown[shown.kind != "trial"], shown[shown.kind == "trial"]])
     if sheet["table"] == "superlinear":  # what the run saw, in words, whichever way it went
-        from zerobench.artifacts.superlinear import seen
-
         said = f"**Seen.** {seen(df)}\n\n**Verdict.** {line}"
     else:
         said = f"**Verdict.** {line}"
@@ -138,7 +138,6 @@ def _anchor(title: str) -> str:
 
 def peers_section(csv_path: str) -> str:
     """The side-by-side comparison with DDP, ZeroRedundancyOptimizer, FSDP2 and DeepSpeed."""
-    from zerobench.peers.summary import peers_markdown
 
     return "\n\n".join([
         "## Side by side: DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed",

@@ -46,6 +46,8 @@ from zerobench.calibrate.kernels import (
 )
 from zerobench.clock import device_clock
 from zerobench.config import ConfigError
+from zerobench.parallel.comms import Comms
+from zerobench.parallel.topology import Group
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 from zerobench.runtime import probe
@@ -82,8 +84,6 @@ def host_probe(device: str, log) -> list:
 
 
 def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -> None:
-    from zerobench.parallel.comms import Comms
-    from zerobench.parallel.topology import Group
 
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
