@@ -14,6 +14,7 @@ from tests.engine_cases import reference_run, spec_for
 from tests.worlds import spawned
 from zerobench import cli
 from zerobench.artifacts import report
+from zerobench.parallel.comms import Comms
 from zerobench.peers import harness, runner, summary
 from zerobench.peers.harness import CollectiveObserver, Unavailable, train_on_rank
 
@@ -24,7 +25,8 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 def _all_in_one_world(rank, spec, impls):
     """Every implementation in turn in this one world (the benchmark gives each its own; the
-    losses do not care), with the observer counting their timed steps."""
+    losses do not care), with the observer counting their timed steps; ours then replays its
+    timed steps' collectives with no compute (the bound row's), counted on a ledger of its own."""
     observer = CollectiveObserver()
     out = {}
     for impl in impls:
@@ -33,7 +35,11 @@ def _all_in_one_world(rank, spec, impls):
         losses = torch.tensor(r["losses"], dtype=torch.float64)
         dist.all_reduce(losses)
         ledger = r["trainer"].comms.ledger.as_dict() if impl.startswith("ours") else None
+        replay = Comms()
+        seconds = r["trainer"].collective_seconds(replay) if impl.startswith("ours") else None
         out[impl] = {
+            "replay": replay.ledger.as_dict(),
+            "replay_seconds": seconds,
             "losses": (losses / dist.get_world_size()).tolist(),
             "comm": harness.timed_collectives(r["trainer"], observer),
             "observed": dict(observer.counts),
@@ -81,6 +87,21 @@ def test_observer_agrees_with_our_ledger(tiny_world):
         assert {op: v["bytes"] for op, v in seen.items()} == expected, impl
 
 
+def test_the_bound_replays_our_collectives_without_compute(tiny_world):
+    """Each of our stages issues its timed steps' collectives again after them — the same ops,
+    groups, calls and bytes, one step's worth as a warm-up and then every timed step's — and
+    times each step: nothing else is on that ledger, and every step took time."""
+    spec, out = tiny_world
+    steps = spec.train.steps
+    for impl in ("ours-0", "ours-1", "ours-2", "ours-3"):
+        ledger, replay, seconds = (out[0][impl][k] for k in ("ledger", "replay", "replay_seconds"))
+        assert set(replay) == set(ledger), impl
+        for key, e in ledger.items():
+            for field in ("calls", "bytes", "volume_bytes"):
+                assert replay[key][field] == pytest.approx(e[field] * (steps + 1) / steps), (impl, key, field)
+        assert len(seconds) == steps and min(seconds) > 0, impl
+
+
 def test_peer_bytes_are_exact_where_theory_is(tiny_world):
     """Per step: DDP all-reduces every gradient once (4Ψ bytes in fp32); ZeroRedundancyOptimizer
     adds one broadcast of every parameter from its owner (4Ψ); FSDP2 reduce-scatters 4Ψ (plus its
@@ -124,16 +145,23 @@ def _row(impl, stage, t, rss, losses, family="torch"):
 
 def test_ratios_table_and_figure(tmp_path):
     rows = runner.compare(
-        [
-            {**_row("floor", None, 1.6, 80, [9.0, 9.0], family="floor"), "dp": 1},  # no loss check
-            {**_row("floor-concurrent", None, 1.8, 80, [9.0, 9.0], family="floor-concurrent"), "dp": 1},
-            _row("ours-0", 0, 2.0, 100, [1.0, 0.5], family="zerobench"),
-            _row("ddp", 0, 4.0, 200, [1.0, 0.5001]),
-            _row("fsdp2-reshard", 3, 3.0, 50, [1.0, 0.5]),  # no ours-3: loss against ours-0, no ratio
-            {**_row("deepspeed-1", 1, 1.0, 1, [], family="deepspeed"), "status": "error", "error": "boom"},
-        ]
+        runner.with_bounds(
+            [
+                {**_row("floor", None, 1.6, 80, [9.0, 9.0], family="floor"), "dp": 1},  # no loss check
+                {**_row("floor-concurrent", None, 1.8, 80, [9.0, 9.0], family="floor-concurrent"), "dp": 1},
+                {**_row("ours-0", 0, 2.0, 100, [1.0, 0.5], family="zerobench"), "collective_s_per_step": 0.25},
+                _row("ddp", 0, 4.0, 200, [1.0, 0.5001]),
+                _row("fsdp2-reshard", 3, 3.0, 50, [1.0, 0.5]),  # no ours-3: loss against ours-0, no ratio, no bound
+                {**_row("deepspeed-1", 1, 1.0, 1, [], family="deepspeed"), "status": "error", "error": "boom"},
+            ]
+        )
     )
-    floor, concurrent, ours, ddp, fsdp = rows[:5]
+    floor, concurrent, bound, ours, ddp, fsdp = rows[:6]
+    # stage 0's bound: the floor plus ours-0's collectives with no compute, before ours-0
+    assert (bound["impl"], bound["stage"], bound["step_time_s"], bound["loss_ref"]) == ("bound", 0, 1.85, None)
+    assert bound["step_time_min_s"] == pytest.approx(1.44 + 0.25) and bound["comm_bytes_per_step"] == 8e6
+    assert bound["time_over_bound"] == 1.0 and ours["time_over_bound"] == pytest.approx(2.0 / 1.85)
+    assert ddp["time_over_bound"] == pytest.approx(4.0 / 1.85) and fsdp["time_over_bound"] is None
     assert (floor["time_over_floor"], floor["loss_ref"], floor["time_ratio_ours_over"]) == (1.0, None, None)
     assert (concurrent["time_over_floor_concurrent"], concurrent["loss_ref"]) == (1.0, None)
     assert concurrent["time_over_floor"] == pytest.approx(1.125)
@@ -145,7 +173,9 @@ def test_ratios_table_and_figure(tmp_path):
     csv, png = tmp_path / "peers.csv", tmp_path / "peers.png"
     runner.write_csv(rows, csv)
     table = summary.peers_markdown(csv)
-    assert "| 0 | ddp | x | 4.000 [3.600–4.400] | 2.50 | 2.22 |" in table and "| 0.50 | 0.50 |" in table
+    assert "| 0 | ddp | x | 4.000 [3.600–4.400] | 2.50 | 2.22 | 2.16 |" in table and "| 0.50 | 0.50 |" in table
+    assert "| 0 | bound | x | 1.850 [1.690–2.010] | 1.16 | 1.03 | 1.00 | — | 8.0 | — | — | — |" in table
+    assert table.index("| 0 | bound |") < table.index("| 0 | ours-0 |")
     # the floors first, the one-rank floor before the concurrent one
     assert table.index("| — | floor | x | 1.600") < table.index("| — | floor-concurrent | x | 1.800")
     assert table.index("| — | floor-concurrent |") < table.index("| 0 | ours-0 |")
@@ -176,9 +206,12 @@ def test_deepspeed_smoke_comparison(tmp_path):
     same losses, the row carrying versions, memory, bytes and the ratios."""
     spec = runner_spec(spec_for("tiny", dp=2, steps=2, micro_batch=2), warmup=1)
     rows = runner.run_peers(spec, ["ours-3", "deepspeed-3"], log=lambda _: None)
-    assert [r["impl"] for r in rows] == ["floor", "floor-concurrent", "ours-3", "deepspeed-3"]
-    assert [r["status"] for r in rows] == ["ok"] * 4, [r["error"] for r in rows]
-    ds = rows[3]
+    assert [r["impl"] for r in rows] == ["floor", "floor-concurrent", "bound", "ours-3", "deepspeed-3"]
+    assert [r["status"] for r in rows] == ["ok"] * 5, [r["error"] for r in rows]
+    floor, bound, ours, ds = rows[0], rows[2], rows[3], rows[4]
+    assert ours["collective_s_per_step"] > 0 and floor["collective_s_per_step"] == 0  # dp 1 issues nothing
+    assert bound["step_time_s"] == floor["step_time_s"] + ours["collective_s_per_step"]
+    assert ds["time_over_bound"] == ds["step_time_s"] / bound["step_time_s"]
     assert ds["loss_max_rel_diff"] < 1e-5 and ds["loss_ref"] == "ours-3"
     assert ds["peer_version"].startswith("deepspeed 0.") and ds["peak_rss_bytes"] > ds["base_rss_bytes"] > 0
     assert ds["comm_bytes_per_step"] >= 4 * spec.model.num_params  # at least one reduce-scatter of Ψ

@@ -6,6 +6,8 @@ The harness times whole optimizer steps (median and spread over the timed steps)
 loss of every step averaged over DP ranks, the peak resident set of each rank (VmHWM: the
 high-water mark of this process's own address space, so the launcher's memory is not counted),
 and the collective bytes each implementation issues, observed at torch.distributed's Python API.
+For ours it also times the timed steps' collectives issued again with no compute, after them in
+the same world (ours.py, `collective_seconds`).
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
     observer = CollectiveObserver()  # before DeepSpeed binds torch.distributed's functions
     out = train_on_rank(impl, spec, observer)
     peak = _read_status_kib("VmHWM") * 1024
+    replay = getattr(out["trainer"], "collective_seconds", None)  # ours: the bound row's collectives
+    collective_s = replay() if replay is not None else None
     loss_t = torch.tensor(out["losses"], dtype=torch.float64)
     dist.all_reduce(loss_t)
     loss_t /= world
@@ -178,6 +182,7 @@ def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
         "peak_rss": [p for p, _ in per_rank],
         "base_rss": [b for _, b in per_rank],
         "comm": timed_collectives(out["trainer"], observer),
+        "collective_s": collective_s,
         "note": out["note"],
     }
 
@@ -208,6 +213,7 @@ def summarise(raw: dict, spec) -> dict:
         "comm_bytes_per_step": sum(v["bytes"] for v in comm.values()),
         "comm_per_step": json.dumps(comm),
         "losses": json.dumps(raw["losses"]),
+        "collective_s_per_step": statistics.median(raw["collective_s"]) if raw.get("collective_s") else None,
         "note": raw["note"],
     }
 

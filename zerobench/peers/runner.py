@@ -7,7 +7,11 @@ where every group has one rank and issues nothing), the compute every implementa
 Then a `floor-concurrent` row: dp such ranks stepping at once, each alone (no communication), as
 the dp ranks of a world share the machine's memory bandwidth and caches; what it adds over `floor`
 is the cost of running beside each other, which no communication scheme can remove. Each
-implementation's step time is also shown over both."""
+implementation's step time is also shown over both. Per stage a `bound` row: the floor plus the
+seconds our engine's collectives at that stage take with no compute (the same ops, message sizes
+and calls per step, from its ledger, issued again after its timed steps in the same spawned world;
+ours.py): on a CPU host the ranks' compute and gloo share the cores, so this is what this
+machine allows that stage's communication to cost. Every step time is shown over its stage's bound."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import platform
 
 from zerobench import trial
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
-from zerobench.peers.summary import FLOOR, FLOOR_CONCURRENT
+from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
@@ -26,7 +30,8 @@ COLUMNS = (
     "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s",
     "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes",
     "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
-    "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "time_over_floor_concurrent", "note",
+    "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "time_over_floor_concurrent",
+    "collective_s_per_step", "time_over_bound", "note",
     "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after",
 )  # fmt: skip
 
@@ -100,18 +105,45 @@ def run_one(impl: str, spec, log=print, name: str | None = None, ranks: int | No
     return row
 
 
+def with_bounds(rows: list[dict]) -> list[dict]:
+    """`rows` with a `bound` row before each of ours that timed its collectives: the floor's step
+    time (and spread) plus their median seconds per step; the same bytes per step as ours."""
+    floor = next((r for r in rows if r["family"] == FLOOR and r["status"] == "ok"), None)
+    out = []
+    for r in rows:
+        extra = r.get("collective_s_per_step")
+        if floor is not None and r["family"] == "zerobench" and r["status"] == "ok" and extra is not None:
+            copied = ("model", "num_params", "dp", "world_size", "precision", "micro_batch", "global_batch",
+                      "warmup", "steps", "clip_norm", "threads_per_rank", "comm_bytes_per_step", "comm_per_step",
+                      "collective_s_per_step", "peer_version", "versions", "git_rev", "host")  # fmt: skip
+            out.append({
+                **dict.fromkeys(COLUMNS), **{k: r[k] for k in copied},
+                "impl": BOUND, "family": BOUND, "stage": r["stage"], "source": "measured", "status": "ok",
+                **{k: floor[k] + extra for k in ("step_time_s", "step_time_min_s", "step_time_max_s")},
+                "step_time_iqr_s": floor["step_time_iqr_s"],
+                "loadavg_before": r["loadavg_before"], "loadavg_after": r["loadavg_after"],
+                "note": f"floor + {r['impl']}'s collectives with no compute ({extra:.3f} s/step)",
+            })  # fmt: skip
+        out.append(r)
+    return out
+
+
 def compare(rows: list[dict]) -> list[dict]:
     """Fill the loss agreement with ours (same stage, else our lowest), ours / peer ratios and
-    every step time over each floor's. The floors train a different global batch: no loss check."""
+    every step time over each floor's and over its stage's bound. The floors train a different
+    global batch, and a bound trains nothing: no loss check."""
     ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
     floors = {r["family"]: r for r in rows if r["family"] in (FLOOR, FLOOR_CONCURRENT) and r["status"] == "ok"}
+    bounds = {r["stage"]: r for r in rows if r["family"] == BOUND}
     for r in rows:
         if r["status"] != "ok":
             continue
         for name, column in ((FLOOR, "time_over_floor"), (FLOOR_CONCURRENT, "time_over_floor_concurrent")):
             if name in floors:
                 r[column] = r["step_time_s"] / floors[name]["step_time_s"]
-        if r["family"] in floors:
+        if r["stage"] in bounds:
+            r["time_over_bound"] = r["step_time_s"] / bounds[r["stage"]]["step_time_s"]
+        if r["family"] in (*floors, BOUND):
             continue
         ref = ours.get(r["stage"]) or ours.get(min(ours, default=None))
         if ref is None:
@@ -126,12 +158,12 @@ def compare(rows: list[dict]) -> list[dict]:
 
 
 def run_peers(spec, impls=None, log=print) -> list[dict]:
-    """The floor rows, then one row per implementation, in order."""
+    """The floor rows, then one row per implementation, in order, each stage's bound before ours."""
     impls = list(impls or IMPLEMENTATIONS)
     for impl in impls:
         family(impl)  # an unknown name fails before anything runs
     floors = [run_floor(spec, log), run_floor_concurrent(spec, log)]
-    return compare(floors + [run_one(impl, spec, log) for impl in impls])
+    return compare(with_bounds(floors + [run_one(impl, spec, log) for impl in impls]))
 
 
 def write_csv(rows: list[dict], path) -> None:

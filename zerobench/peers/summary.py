@@ -10,6 +10,7 @@ GiB = 2**30
 FLOOR = "floor"  # one rank alone, no communication
 FLOOR_CONCURRENT = "floor-concurrent"  # dp such ranks at once, each alone
 FLOORS = (FLOOR, FLOOR_CONCURRENT)
+BOUND = "bound"  # per stage: the floor plus our collectives at that stage with no compute (runner.py)
 _FLOOR_LINES = {  # line style and legend in the figure
     FLOOR: ("--", "floor: one rank, no comm."),
     FLOOR_CONCURRENT: (":", "floor: dp ranks at once, no comm."),
@@ -27,13 +28,13 @@ def _fmt(x, spec: str, dash: str = "—") -> str:
 
 
 def peers_markdown(csv_path) -> str:
-    """One line per implementation, grouped by ZeRO stage, after the floors: median step time
-    [min–max], its ratios to the floors, peak RSS per rank, collective bytes per step, the loss
-    agreement with ours and the ratios ours / peer."""
+    """One line per implementation, grouped by ZeRO stage (its bound first), after the floors:
+    median step time [min–max], its ratios to the floors and to its stage's bound, peak RSS per
+    rank, collective bytes per step, the loss agreement with ours and the ratios ours / peer."""
     df = _load(csv_path)
     if df.empty:
         return "_no peer rows_\n"
-    peers = df[~df["family"].isin(FLOORS)]
+    peers = df[~df["family"].isin((*FLOORS, BOUND))]
     first = (peers if not peers.empty else df).iloc[0]
     head = (
         f"Measured on one machine, one implementation at a time: `{first['model']}` "
@@ -42,26 +43,33 @@ def peers_markdown(csv_path) -> str:
         f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}. The floor is one rank at "
         f'the same per-rank batch with no communication (our engine at dp = 1); "/ floor" is each step time '
         f"over it. The concurrent floor is {first['dp']} such ranks stepping at once, each alone, sharing the "
-        f'machine as the ranks of a world do; "/ conc." is each step time over it. Ratios are ours / peer at '
+        f'machine as the ranks of a world do; "/ conc." is each step time over it. A stage\'s bound is the floor '
+        f"plus our engine's collectives at that stage (the same ops, message sizes and calls per step, from its "
+        f"ledger) issued again with no compute in the same world, timed: on a CPU host compute and gloo share the "
+        f'cores, so this is what the machine allows that stage\'s communication to cost; "/ bound" is each step '
+        f"time over its stage's bound. Ratios are ours / peer at "
         f"the same stage (< 1: ours faster or smaller). Load average "
         f"(1 min) during the runs: "
         f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}.\n\n"
     )
     lines = [
-        "| stage | implementation | version | s/step (median [min–max]) | / floor | / conc. "
+        "| stage | implementation | version | s/step (median [min–max]) | / floor | / conc. | / bound "
         "| peak RSS/rank (GiB) | comm MB/step | max loss rel. diff vs ours | time ours/peer | RSS ours/peer |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in df.sort_values(["stage", "family"], key=_order, na_position="first").iterrows():
         stage = _fmt(r["stage"], ".0f")
         if r["status"] != "ok":
-            lines.append(f"| {stage} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | | | |")
+            lines.append(
+                f"| {stage} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | | | | |"
+            )
             continue
         lines.append(
             f"| {stage} | {r['impl']} | {r['peer_version']} "
             f"| {r['step_time_s']:.3f} [{r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f}] "
             f"| {_fmt(r.get('time_over_floor'), '.2f')} | {_fmt(r.get('time_over_floor_concurrent'), '.2f')} "
-            f"| {r['peak_rss_bytes'] / GiB:.2f} | {_fmt(r['comm_bytes_per_step'] / 1e6, '.1f')} "
+            f"| {_fmt(r.get('time_over_bound'), '.2f')} "
+            f"| {_fmt(r['peak_rss_bytes'] / GiB, '.2f')} | {_fmt(r['comm_bytes_per_step'] / 1e6, '.1f')} "
             f"| {_fmt(r['loss_max_rel_diff'], '.1e')} | {_fmt(r['time_ratio_ours_over'], '.2f')} "
             f"| {_fmt(r['rss_ratio_ours_over'], '.2f')} |"
         )
@@ -77,19 +85,21 @@ def _clipping(row) -> str:
 
 def _order(col):
     if col.name == "family":
-        return col.map({FLOOR: -2, FLOOR_CONCURRENT: -1, "zerobench": 0, "torch": 1, "deepspeed": 2})
+        return col.map({FLOOR: -3, FLOOR_CONCURRENT: -2, BOUND: -1, "zerobench": 0, "torch": 1, "deepspeed": 2})
     return col
 
 
 def plot_peers(csv_path, png_path) -> None:
-    """Two panels: median step time (bars, min–max whiskers) and peak RSS per rank, per stage."""
+    """Two panels: median step time (bars, min–max whiskers; each stage's bound a dash-dotted line
+    over its bars) and peak RSS per rank, per stage."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     df = _load(csv_path)
-    ok = df[(df["status"] == "ok") & ~df["family"].isin(FLOORS)]
+    ok = df[(df["status"] == "ok") & ~df["family"].isin((*FLOORS, BOUND))]
+    bounds = df[(df["status"] == "ok") & (df["family"] == BOUND)].set_index("stage")["step_time_s"]
     floors = df[(df["status"] == "ok") & df["family"].isin(FLOORS)]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"zerobench": "tab:blue", "torch": "tab:orange", "deepspeed": "tab:green"}
@@ -102,9 +112,11 @@ def plot_peers(csv_path, png_path) -> None:
             for _, f in floors.iterrows():
                 style, text = _FLOOR_LINES[f["family"]]
                 ax.axhline(f["step_time_s"], color="black", linestyle=style, label=text)
-            ax.legend(loc="upper left", fontsize=8)
         for stage in sorted(ok["stage"].unique()):
             group = ok[ok["stage"] == stage].sort_values("family", key=_order)
+            if col == "step_time_s" and stage in bounds.index:
+                label = "bound: floor + our collectives, no compute" if stage == bounds.index.min() else None
+                ax.hlines(bounds[stage], x - 0.4, x + len(group) - 0.6, colors="black", linestyles="-.", label=label)
             for _, r in group.iterrows():
                 err = None
                 if col == "step_time_s":
@@ -114,6 +126,8 @@ def plot_peers(csv_path, png_path) -> None:
                 names.append(r["impl"])
                 x += 1
             x += 0.8  # gap between stages
+        if col == "step_time_s" and not (floors.empty and bounds.empty):
+            ax.legend(loc="upper left", fontsize=8)
         ax.set_xticks(ticks, names, rotation=60, ha="right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
@@ -130,4 +144,5 @@ def plot_peers(csv_path, png_path) -> None:
 def losses_of(csv_path) -> dict[str, list[float]]:
     """Per-step losses of every implementation that ran."""
     df = _load(csv_path)
-    return {r["impl"]: json.loads(r["losses"]) for _, r in df[df["status"] == "ok"].iterrows()}
+    trained = df[(df["status"] == "ok") & (df["family"] != BOUND)]  # a bound trains nothing
+    return {r["impl"]: json.loads(r["losses"]) for _, r in trained.iterrows()}
