@@ -32,7 +32,7 @@ HOLDOUT_OUT = Path(__file__).resolve().parents[2] / "results" / "external_holdou
 SPLITS = ("fit", "validation", "holdout")
 SEEN = ("fit", "validation")  # what model building may read
 
-# Memory behaviour of each source's training code (calibration.py; read from the code, docs/perfmodel.md
+# Memory behaviour of each source's training code (constants.py; read from the code, docs/perfmodel.md
 # "External validation"). llm-foundry 061f2c7: PyTorch FSDP FULL_SHARD, mixed_precision PURE (fp32 flat
 # parameters, bf16 compute and reduction, gradients cast back to fp32 shards: torch 2.1
 # `_runtime_utils._cast_grad_to_param_dtype`), loss `fused_crossentropy` (flash-attn's xentropy).

@@ -1,4 +1,4 @@
-"""Re-derive the fitted constants of `calibration.DEFAULT` from the paper points in `FIT_SET`.
+"""Re-derive the fitted constants of `constants.DEFAULT` from the paper points in `FIT_SET`.
 
 Memory constants by grid scans (least worst error on their points), then the five throughput
 knobs jointly by a small Nelder–Mead on the mean |error| of theirs, inside physical bounds.
@@ -69,7 +69,7 @@ def _nelder_mead(f, x0, steps, iters):
     return pts[i], vals[i]
 
 
-# A GPU's fitted compute knobs; its gemm_eff_max is measured (calibration.GEMM_EFF_MEASURED), not fitted.
+# A GPU's fitted compute knobs; its gemm_eff_max is measured (constants.GEMM_EFF_MEASURED), not fitted.
 HARDWARE_KNOBS = ("tokens_half", "elementwise_traffic")
 
 

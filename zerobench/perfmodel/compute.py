@@ -10,7 +10,7 @@ group, paper §4.2). Both enter as x/(x + x_half), the usual shape of GEMM effic
 Beside the GEMMs, every pass streams the layer's activations through memory-bound kernels
 (layernorm, GeLU, dropout, softmax, residual adds). Their time is modelled as
 `elementwise_traffic` × the layer's stored activation bytes (Korthikanti et al. 2022, the same
-count memory_fit.py uses; Megatron replicates the layernorm/dropout part on every MP rank) per
+count feasibility.py uses; Megatron replicates the layernorm/dropout part on every MP rank) per
 pass, over HBM bandwidth. This is what makes narrow models and many heads slow.
 
 The attention-score GEMMs (QKᵀ and softmax·V, the s/6h term of the FLOP count) have the head

@@ -49,7 +49,7 @@ class Calibration:
     working_set_factor: float = 2.0  # one layer's activations + their gradients in backward (judged)
     # --- memory behaviour of the training code (read from the code; defaults: the paper's) -------
     # True: the loss is a fused cross-entropy that keeps the 16-bit logits and writes a 16-bit gradient
-    # (flash-attn's xentropy, as llm-foundry runs it); False: Megatron's fp32 softmax copy (memory_fit.py).
+    # (flash-attn's xentropy, as llm-foundry runs it); False: Megatron's fp32 softmax copy (feasibility.py).
     fused_cross_entropy: bool = False
     # True: stage 3 is PyTorch FSDP: fp32 flat parameters, gradients and Adam state (16 B per parameter in
     # all, no separate fp32 gradient copy) and whole FSDP units gathered in place of DeepSpeed's buckets.

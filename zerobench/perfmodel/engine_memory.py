@@ -1,6 +1,6 @@
 """Peak memory of this engine on a CPU host (a measured, `ranks_share_compute` profile), in the
 bytes a rank's RSS grows by: what zerobench/model.py and zero/ keep at their peak, plus the
-runtime's own that `zerobench calibrate` measures. The paper's codes on GPUs are memory_fit.py's.
+runtime's own that `zerobench calibrate` measures. The paper's codes on GPUs are feasibility.py's.
 
 Read from the code (and checked against `zerobench trace`, which counts every tensor the engine
 allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU compute dtype:

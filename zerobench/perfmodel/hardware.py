@@ -3,8 +3,8 @@ measured by `zerobench calibrate` (loaded by path or name, perfmodel/profile_fil
 
 The paper's cluster (paper.md §6): 25 DGX-2 nodes, each 16 × V100-SXM3-32GB on NVSwitch and
 8 × 100 Gb/s EDR InfiniBand. Units: bytes, bytes/s, FLOP/s, seconds. In a datasheet profile every
-rate is a peak and the achieved fractions live in `calibration.py` (for A100, H100 and H200 the
-GEMM fraction is a published matmul microbenchmark's, `calibration.GEMM_EFF_MEASURED`); a measured
+rate is a peak and the achieved fractions live in `constants.py` (for A100, H100 and H200 the
+GEMM fraction is a published matmul microbenchmark's, `constants.GEMM_EFF_MEASURED`); a measured
 profile (`measured=True`) holds achieved rates, so no efficiency is applied to them.
 """
 

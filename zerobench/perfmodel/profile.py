@@ -53,7 +53,7 @@ class HardwareProfile:
     # judged (artifacts/vs_measured.py shows each row without it; docs/perfmodel.md, "Calibration")
     mp_sync_table: tuple = ()
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
-    # Bytes never usable per device; None: the CUDA context and allocator reserve of calibration.py.
+    # Bytes never usable per device; None: the CUDA context and allocator reserve of constants.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
     reserve_bytes: float | None = None
     # ((GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s), ...): the host speed probe read at the
