@@ -15,6 +15,7 @@ bytes) so that parallel/comms.py, below runtime/, can read it.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -47,3 +48,20 @@ def tensor_clock(t: torch.Tensor, synchronize: Callable[[torch.device], None] = 
     """`device_clock` of the device `t` is on, chosen per call in the ledger's hot path: `is_cuda`
     is read in ~0.1 us where building the device and reading its type take ~1 us."""
     return device_clock(t.device, synchronize) if t.is_cuda else time.perf_counter
+
+
+def windowed_median(fn: Callable[[], object], clock: Callable[[], float], window_s: float, reps: int) -> float:
+    """Median seconds per call of `fn()` over `reps` timings on `clock`, each the mean over the calls
+    that fill at least `window_s` seconds, after one warm-up call (first touch of pages, a kernel's
+    first launch): short calls vary call to call far more than their windowed mean does."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        calls, t0 = 0, clock()
+        while True:
+            fn()
+            calls += 1
+            if (elapsed := clock() - t0) >= window_s:
+                break
+        samples.append(elapsed / calls)
+    return statistics.median(samples)

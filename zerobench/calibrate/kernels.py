@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zerobench.clock import device_clock
+from zerobench.clock import device_clock, windowed_median
 from zerobench.config import ModelConfig, TrainConfig
 from zerobench.model import GPT
 from zerobench.parallel.comms import Comms
@@ -58,18 +58,7 @@ CHAIN = 64  # ops in the per-op cost benchmark
 def timed(fn, device: str, min_s: float = 0.05, reps: int = 3) -> float:
     """Median seconds of `fn()` over `reps` timings, each repeating it for at least `min_s`, on the
     device clock (each call's work done before the clock is read, the warm-up's before the first)."""
-    fn()  # warm-up (first-call allocation, kernel selection)
-    clock = device_clock(device)
-    samples = []
-    for _ in range(reps):
-        n, t0 = 0, clock()
-        while True:
-            fn()
-            n += 1
-            if (elapsed := clock() - t0) >= min_s:
-                break
-        samples.append(elapsed / n)
-    return statistics.median(samples)
+    return windowed_median(fn, device_clock(device), min_s, reps)
 
 
 def stacked_forward_backward(make, device: str, min_s: float = 0.02, first=None) -> tuple[float, float]:

@@ -36,7 +36,7 @@ def read(device: str = "cpu", clock: Callable[[], float] | None = None) -> list:
     `clock` (seconds) is the seam tests inject; by default the device clock (zerobench/clock.py)."""
     import torch  # here, not above: the tables import this module for `host_speed` without torch
 
-    from zerobench.clock import device_clock  # it imports torch: here for the same reason
+    from zerobench.clock import device_clock  # they import torch: here for the same reason
 
     kind = torch.device(device).type
     n, nbytes = GEMM_N[kind], COPY_BYTES[kind]
@@ -69,18 +69,10 @@ def _rates(torch, device: str, n: int, nbytes: int, clock) -> tuple[float, float
     b.copy_(a.T)
     src.fill_(1.0)
 
-    def seconds(fn) -> float:
-        fn()  # warm-up: first touch of the pages, the kernel's first launch
-        times = []
-        for _ in range(REPEATS):  # each the mean over a window: single calls here run 1x or 3x as fast
-            calls, t0 = 0, clock()
-            while True:
-                fn()
-                calls += 1
-                if (elapsed := clock() - t0) >= WINDOW_S:
-                    break
-            times.append(elapsed / calls)
-        return statistics.median(times)
+    from zerobench.clock import windowed_median  # it imports torch: here, as in `read`
+
+    def seconds(fn) -> float:  # each timing a mean over a window: single calls here run 1x or 3x as fast
+        return windowed_median(fn, clock, WINDOW_S, REPEATS)
 
     return 2 * n**3 / seconds(lambda: torch.mm(a, b, out=c)), nbytes / seconds(lambda: dst.copy_(src))
 
