@@ -167,28 +167,27 @@ class Comms:
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False) -> Handle:
         """Sum `inp` (group.size × out.numel() elements) over the group; rank r gets chunk r.
         `inp` must stay unchanged until the handle is waited for."""
-        if group.size == 1:
-            out.copy_(inp)
-
-        def issue(a: bool):
-            if _pairwise(group, out, inp):
-                return _reduce_scatter_pairwise(out, inp, group)
-            return dist.reduce_scatter_tensor(out, inp, group=group.pg, async_op=a)
-
-        return self._issue("reduce_scatter", group, inp.numel(), inp, issue, async_op)
+        return self._exchange("reduce_scatter", out, inp, group, async_op, inp)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False) -> Handle:
         """Concatenate every rank's `inp` into `out` (group.size × inp.numel() elements).
         `inp` must stay unchanged until the handle is waited for."""
+        return self._exchange("all_gather", out, inp, group, async_op, out)
+
+    def _exchange(self, op: str, out, inp, group: Group, async_op: bool, whole: torch.Tensor) -> Handle:
+        """A reduce-scatter or all-gather between the whole message and one rank's chunk, counted
+        on `whole`: pairwise sends and receives on gloo (`_pairwise`), the collective elsewhere; on
+        one rank a copy."""
         if group.size == 1:
             out.copy_(inp)
+        pairwise, collective = _EXCHANGES[op]
 
         def issue(a: bool):
             if _pairwise(group, out, inp):
-                return _all_gather_pairwise(out, inp, group)
-            return dist.all_gather_into_tensor(out, inp, group=group.pg, async_op=a)
+                return pairwise(out, inp, group)
+            return collective(out, inp, group=group.pg, async_op=a)
 
-        return self._issue("all_gather", group, out.numel(), out, issue, async_op)
+        return self._issue(op, group, whole.numel(), whole, issue, async_op)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, op: str) -> None:
         """A host↔device copy (`op` is copy_to_host or copy_to_device; P_a+cpu, paper §6.1), counted
@@ -204,3 +203,10 @@ class Comms:
     def broadcast(self, t: torch.Tensor, src_rank_in_group: int, group: Group) -> Handle:
         src = dist.get_global_rank(group.pg, src_rank_in_group) if group.size > 1 else 0
         return self._issue("broadcast", group, t.numel(), t, lambda a: dist.broadcast(t, src, group=group.pg), False)
+
+
+# op -> (the pairwise exchange, torch.distributed's collective)
+_EXCHANGES = {
+    "reduce_scatter": (_reduce_scatter_pairwise, dist.reduce_scatter_tensor),
+    "all_gather": (_all_gather_pairwise, dist.all_gather_into_tensor),
+}
