@@ -71,12 +71,10 @@ def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -
     """Rows (MP group size 2, seconds of compute between two MP all-reduces as `profile` models it,
     seconds each all-reduce takes beyond `profile`'s measured curve) of the engine's own MP 2 steps,
     one row per shape of MP_STEP_SHAPES: the median over `rounds` runs of each, the shapes taking
-    turns. On this 2-core host an all-reduce inside a step costs more than the same one called back
-    to back (the curve): 0.5-2 ms more at 1-11 ms of compute between calls (2 Dec 2026). Why is not
-    known: no benchmark of matmuls, element-wise passes or an MLP's forward and backward followed
-    by an all-reduce reproduced it (docs/perfmodel.md), so the engine's own MP step measures it, at
-    shapes no judged trial has. One shape's runs read 1.2-3.0 ms per all-reduce over an hour,
-    hence rounds in turn and medians.
+    turns. On a CPU host an all-reduce inside a step can cost more than the same one called back to
+    back (the curve), for reasons no simpler benchmark reproduced (docs/perfmodel.md gives the
+    readings), so the engine's own MP step measures it, at shapes no judged trial has; a shape's
+    runs vary over time, hence rounds in turn and medians. A fitted term: judged on no row.
     Raises if the engine ran another number of MP all-reduces than the model counts
     (perfmodel/network.py, `mp_calls_per_step`)."""
 

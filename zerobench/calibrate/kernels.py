@@ -202,11 +202,9 @@ def _kernel_sweep(device: str, dtype: torch.dtype) -> list[list]:
 
 def _optimizer_rows(device: str) -> list[list]:
     """Rows ("adam" | "clip", parameters, seconds per step, 0.0): Adam and the clip over one fp32
-    piece of each size, in a loop. Per parameter they depend on the size: Adam read 0.76 ns at 2M
-    parameters (32 MiB of states) and 1.25-1.6 from 5M up here, and 4M, the one size timed until
-    December 2026, flipped between the two (0.73-1.58 over the calibrations). At cpu-10m's 5.3M the
-    loop read Adam 1.27-1.60 ns/param and the clip 0.52-0.77, the step under torch.profiler 1.30-1.42
-    and 0.64-0.72 in the same minutes (cache flushed before each call: 1.40-1.70 and 0.84-1.10)."""
+    piece of each size, in a loop. Sizes span the last-level cache's edge because the time per
+    parameter changes across it, and the model reads a rank at its own count (docs/perfmodel.md,
+    "Calibrated profiles", gives the readings)."""
 
     def times(n: int) -> tuple[float, float]:  # its tensors freed on return: 2^26 holds 1 GiB
         p = torch.zeros(n, device=device)

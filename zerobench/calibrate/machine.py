@@ -54,14 +54,11 @@ from zerobench.runtime import probe
 from zerobench.runtime.devices import hardware_profile
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
-# Calls per message size, and the time kept is their mean: a step pays every call, and on loopback
-# one call in four or so waits ~3-5 ms for a wake-up (cpu-10m mp 2: a 512 KiB all-reduce took a
-# median 1.15 ms after both ranks arrived and a mean 2.35 ms; the median had put it at 0.86 ms)
+# Calls per message size, and the time kept is their mean, not their median: a step pays every
+# call, and on loopback some calls wait for a wake-up (docs/perfmodel.md gives the readings)
 COLLECTIVE_CALLS = 40
-# Runs of the whole collective benchmark (fresh processes each, a minute or more apart); each call's time
-# and each wait is the median over them. In one judged run of 2 December a single run caught a
-# slow spell: its all-reduce alpha read 1.8 ms against 0.9 and the all-gathers 2-5x as long, and
-# the model's stage 3 and latency-bound steps came out +47 to +101 %.
+# Runs of the whole collective benchmark (fresh processes each, a minute or more apart); each call's
+# time and each wait is the median over them, so one run caught in a slow spell is set aside
 COLLECTIVE_RUNS = 3
 # (seconds of compute between two syncs, rounds) of the sync-wait benchmark: 1-3 s each
 SYNC_COMPUTE = ((0.002, 500), (0.02, 100), (0.2, 15))
