@@ -1,4 +1,5 @@
-# Records -> results/<artifact>.csv -> figures/<artifact>.png, and results/REPORT.md over them all.
+# Records -> results/<artifact>.csv -> figures/<artifact>.png; results/claims.csv (the paper's claims, read
+# from the tables) and results/REPORT.md over them all.
 # Figures and tables are flagged for `snakemake --report report.html`: one category per artifact,
 # its sheet's claim as the caption (report/artifact.rst).
 
@@ -61,12 +62,31 @@ rule plot:
         "python -m zerobench.cli plot {params.artifact} {input} --title {params.title:q} --out {output} > {log} 2>&1"
 
 
+rule claims:
+    """The paper's own claims, each read from the artifacts' tables (zerobench/artifacts/claims.py)."""
+    input:
+        expand("results/{artifact}.csv", artifact=SHEETS),
+    output:
+        report("results/claims.csv", category="summary", caption="report/workflow.rst"),
+    log:
+        "results/logs/claims.log",
+    conda:
+        "envs/zerobench.yaml"
+    shell:
+        "python -m zerobench.cli claims {input} --out {output} > {log} 2>&1"
+
+
+localrules:
+    claims,
+
+
 rule report:
     """REPORT.md: per artifact, the paper's numbers beside ours, the error and a verdict."""
     input:
         unpack(peers_report_input),
         sheets=sheet_files,
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
+        claims="results/claims.csv",
         figures=expand("figures/{artifact}.png", artifact=SHEETS),
     output:
         report("results/REPORT.md", category="summary", caption="report/workflow.rst"),
@@ -77,4 +97,5 @@ rule report:
     params:
         peers=peers_report_flag,
     shell:
-        "python -m zerobench.cli report {input.sheets} --tables {input.tables} {params.peers} --out {output} > {log} 2>&1"
+        "python -m zerobench.cli report {input.sheets} --tables {input.tables} --claims {input.claims} {params.peers}"
+        " --out {output} > {log} 2>&1"

@@ -1,5 +1,5 @@
 """`zerobench` command line: run, trace, model, estimate (one trial or answer each), and table,
-plot, report (results/ and figures/ from records). See design.md for the interface."""
+plot, report, claims (results/ and figures/ from records). See design.md for the interface."""
 
 from __future__ import annotations
 
@@ -95,7 +95,14 @@ def cmd_plot(args) -> int:
 def cmd_report(args) -> int:
     from zerobench.artifacts.report import write_report  # pandas: not for a trial
 
-    write_report(args.sheets, args.tables, args.out, peers=args.peers)
+    write_report(args.sheets, args.tables, args.out, peers=args.peers, claims=args.claims)
+    return 0
+
+
+def cmd_claims(args) -> int:
+    from zerobench.artifacts.claims import build  # pandas: not for a trial
+
+    build(args.tables).to_csv(args.out, index=False)
     return 0
 
 
@@ -231,8 +238,13 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("sheets", nargs="+", help="workflow sheets (YAML), one per artifact")
     report.add_argument("--tables", nargs="+", required=True, help="results/<artifact>.csv, as named by the sheets")
     report.add_argument("--peers", help="results/peers.csv: add the side-by-side comparison")
+    report.add_argument("--claims", help="results/claims.csv: add the paper's claims ledger")
     report.add_argument("--out", required=True)
     report.set_defaults(fn=cmd_report)
+    claims = sub.add_parser("claims", help="the paper's claims, each read from the artifacts' tables -> a CSV")
+    claims.add_argument("tables", nargs="+", help="results/<artifact>.csv; a claim whose table is absent: not testable")
+    claims.add_argument("--out", required=True, help="CSV to write (results/claims.csv)")
+    claims.set_defaults(fn=cmd_claims)
     return p
 
 

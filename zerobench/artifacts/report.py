@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from zerobench.artifacts.claims import section as claims_section
 from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
@@ -149,9 +150,11 @@ def peers_section(csv_path: str) -> str:
     ])  # fmt: skip
 
 
-def write_report(sheets: list[str], tables: list[str], out: str, peers: str | None = None) -> None:
-    """REPORT.md from the workflow sheets and the tables named like them (results/<sheet>.csv), and
-    the peers comparison when its CSV is given."""
+def write_report(
+    sheets: list[str], tables: list[str], out: str, peers: str | None = None, claims: str | None = None
+) -> None:
+    """REPORT.md from the workflow sheets and the tables named like them (results/<sheet>.csv), the
+    peers comparison and the paper's claims ledger (artifacts/claims.py) when their CSVs are given."""
     by_name = {Path(t).stem: t for t in tables}
     sections, summary = [], []
     for path in sheets:
@@ -164,6 +167,8 @@ def write_report(sheets: list[str], tables: list[str], out: str, peers: str | No
         summary.append(line)
     if peers:
         sections.append(peers_section(peers))
+    if claims:  # after the held-out error, before the artifacts
+        sections.insert(0, claims_section(claims))
     heldout = heldout_section(Path(out).parent)  # the model's held-out error: first, as the headline
     if heldout:
         sections.insert(0, heldout)

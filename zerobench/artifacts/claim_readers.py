@@ -1,0 +1,147 @@
+"""How the claims ledger (artifacts/claims.py) reads ours from the artifacts' tables
+(results/<artifact>.csv): single points (`cell`, judged or fitted, a fitted one flagged), ratios of
+them (`ratio`), aggregates over judged rows alone (`over_judged`), a table's own derived rows whose
+sources are all judged (`over_derived`), or the worst judged row (`worst`). Rows that failed or were
+taken wholly in a slow spell of the host are never read (artifacts/host_speed.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from zerobench.artifacts.common import JUDGED
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Ours for one claim: the value, its source(s), whether a fitted point is in it, and the rows
+    it was read from; `paper` where the claim takes the paper's number from the row itself."""
+
+    value: float
+    source: str
+    fitted: bool
+    basis: str
+    paper: float | None = None
+
+
+Tables = dict[str, pd.DataFrame]
+Reader = Callable[[Tables], "Reading | str"]  # a Reading, or why ours cannot be read
+
+
+def _table(tables: Tables, name: str) -> pd.DataFrame | str:
+    return tables[name] if name in tables else f"results/{name}.csv absent"
+
+
+def _usable(df: pd.DataFrame, column: str = "ours") -> pd.DataFrame:
+    """Rows with a number of ours, neither failed nor taken wholly in a slow spell of the host."""
+    keep = df[column].notna()
+    if "status" in df:
+        keep &= df.status.isna() | (df.status.astype(str) == "ok")
+    if "slow_spell" in df:
+        keep &= df.slow_spell.ne(True)
+    return df[keep]
+
+
+def _source(rows: pd.DataFrame) -> str:
+    return ", ".join(sorted({str(s) for s in rows.source.dropna()})) if "source" in rows else "-"
+
+
+def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float] | None = None) -> Reader:
+    """One row's `column` (through `fn`), from a judged or fitted row (fitted: flagged)."""
+
+    def read(tables: Tables) -> Reading | str:
+        df = _table(tables, table)
+        if isinstance(df, str):
+            return df
+        rows = _usable(df[df.key.astype(str) == key], column)
+        if rows.empty:
+            return f"{table}: no usable row {key!r}"
+        r = rows.iloc[0]
+        if r.role not in (JUDGED, "fitted"):
+            return f"{table} {key!r} is a {r.role} row, not ours against the paper"
+        value = float(r[column]) if fn is None else fn(float(r[column]))
+        paper = float(r.paper) if "paper" in r and pd.notna(r.paper) else None
+        return Reading(value, _source(rows), r.role == "fitted", f"{table}: {key} ({r.role})", paper)
+
+    return read
+
+
+def ratio(num: Reader, den: Reader, scale: float = 1.0) -> Reader:
+    """scale x num / den; fitted where either is."""
+
+    def read(tables: Tables) -> Reading | str:
+        a, b = num(tables), den(tables)
+        for part in (a, b):
+            if isinstance(part, str):
+                return part
+        if not b.value:
+            return f"{b.basis}: zero denominator"
+        source = ", ".join(sorted({*a.source.split(", "), *b.source.split(", ")}))
+        return Reading(scale * a.value / b.value, source, a.fitted or b.fitted, f"{a.basis} / {b.basis}")
+
+    return read
+
+
+def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, left_out: list[str], what: str) -> Reading | str:
+    """scale x the mean or max of `rows`' ours, its basis naming the rows (and the max's row)."""
+    if rows.empty:
+        return f"{table}: no {what} to read"
+    values = rows.ours.astype(float)
+    value = scale * (values.max() if how == "max" else values.mean())
+    basis = f"{table}: {how} over {what} {', '.join(map(str, rows.key))}"
+    if how == "max":
+        basis += f" (at {rows.key[values.idxmax()]})"
+    if left_out:
+        basis += f"; left out: {', '.join(left_out)}"
+    return Reading(value, _source(rows), False, basis)
+
+
+def over_judged(table: str, pattern: str, how: str = "mean", scale: float = 1.0) -> Reader:
+    """scale x the mean or max of `ours` over the judged rows whose key matches `pattern`; rows
+    of other roles are named as left out."""
+
+    def read(tables: Tables) -> Reading | str:
+        df = _table(tables, table)
+        if isinstance(df, str):
+            return df
+        rows = _usable(df[df.key.astype(str).str.fullmatch(pattern)])
+        left = [f"{k} ({r})" for k, r in zip(rows.key, rows.role, strict=True) if r != JUDGED]
+        return _aggregate(table, rows[rows.role == JUDGED], how, scale, left, "judged rows")
+
+    return read
+
+
+def over_derived(table: str, series: str, how: str = "max") -> Reader:
+    """The mean or max of a table's derived rows of `series` (ratios named in `derived_from` as
+    'A / B'), over those whose every source row is judged."""
+
+    def read(tables: Tables) -> Reading | str:
+        df = _table(tables, table)
+        if isinstance(df, str):
+            return df
+        role = dict(zip(df.key.astype(str), df.role, strict=True))
+        rows = _usable(df[(df.series == series) & (df.role == "derived")])
+        ok = rows.derived_from.astype(str).map(lambda d: all(role.get(k.strip()) == JUDGED for k in d.split("/")))
+        left = [f"{k} (from a row not judged)" for k in rows.key[~ok]]
+        return _aggregate(table, rows[ok], how, 1.0, left, "derived rows of judged rows")
+
+    return read
+
+
+def worst(table: str) -> Reader:
+    """The judged row whose |error| against the paper is largest: ours and the paper's number."""
+
+    def read(tables: Tables) -> Reading | str:
+        df = _table(tables, table)
+        if isinstance(df, str):
+            return df
+        rows = _usable(df[(df.role == JUDGED) & df.error_pct.notna()])
+        if rows.empty:
+            return f"{table}: no judged rows to read"
+        r = rows.loc[rows.error_pct.astype(float).abs().idxmax()]
+        basis = f"{table}: worst of {len(rows)} judged rows ({r.key})"
+        return Reading(float(r.ours), _source(rows), False, basis, float(r.paper))
+
+    return read

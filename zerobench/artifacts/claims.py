@@ -1,0 +1,229 @@
+"""The claims ledger (results/claims.csv): the paper's own claims, one row each, with the paper's
+number, ours, where ours comes from and a verdict.
+
+Only the claim is declared here: its sentence, its section, where the paper's number stands in
+paper_reference.csv, the tolerance, and how ours is read from the artifacts' tables
+(results/<artifact>.csv, read by artifacts/claim_readers.py). Every number of ours is computed
+from those tables when the ledger is built; nothing of ours is typed in.
+
+Verdict (`verdict`): `reproduced` where ours misses the paper's number (or its bound: ">38" is
+missed only below 38) by at most the tolerance; `partly` where it misses, but the qualitative
+statement the claim declares (`holds_above`: superlinear is a per-GPU ratio above 1) still holds;
+`refuted` otherwise; `not testable here` where a table, a row or the paper's number is absent.
+Ours read from a fitted point shows the fit, not the model (common.ROLES), so it can be `partly`
+at best.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench.artifacts.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
+from zerobench.artifacts.common import error_pct
+from zerobench.results import load_paper_reference
+
+REPRODUCED, PARTLY, REFUTED, UNTESTABLE = "reproduced", "partly", "refuted", "not testable here"
+VERDICTS = (REPRODUCED, PARTLY, REFUTED, UNTESTABLE)
+FITTED_NOTE = "read from a fitted point: it shows the fit, so it cannot read reproduced"
+
+
+@dataclass(frozen=True)
+class PaperRef:
+    """A number of paper_reference.csv: the row of `artifact` and `metric` whose columns equal
+    `where` (exactly, as text); over `per`, the ratio of two such numbers."""
+
+    artifact: str
+    metric: str
+    where: tuple[tuple[str, str], ...] = ()
+    per: PaperRef | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    text: str
+    section: str
+    unit: str
+    read: Reader
+    paper: PaperRef | None  # None: the paper's number of the row ours was read from
+    tolerance_pct: float
+    holds_above: float | None = None  # the qualitative statement: ours above this
+
+    def __post_init__(self):
+        if not self.tolerance_pct > 0:
+            raise ValueError(f"claim {self.name}: tolerance_pct must be > 0, got {self.tolerance_pct}")
+
+
+def reference(ref: PaperRef) -> tuple[float, str, str] | None:
+    """(value, bound, kind) of a paper number: bound '>' or '<' where the paper states only a
+    bound (">38"), else ''; kind as tagged (stated, read_from_figure, derived). None if absent."""
+    df = load_paper_reference()
+    df = df[(df.artifact == ref.artifact) & (df.metric == ref.metric)]
+    for col, val in ref.where:
+        df = df[df[col].astype(str) == val]
+    if df.empty:
+        return None
+    text, kind = str(df.value.iloc[0]).strip(), str(df.kind.iloc[0])
+    match = re.fullmatch(r"([<>]?)~?\s*([0-9.]+)", text)
+    if not match:
+        return None
+    value, bound = float(match.group(2)), match.group(1)
+    if ref.per is not None:
+        den = reference(ref.per)
+        if den is None or not den[0]:
+            return None
+        return value / den[0], "", f"{kind} / {den[2]}" if den[2] != kind else kind
+    return value, bound, kind
+
+
+def _ref(artifact: str, metric: str, per: PaperRef | None = None, **where) -> PaperRef:
+    return PaperRef(artifact, metric, tuple((k, str(v)) for k, v in where.items()), per)
+
+
+def _fig3_per_gpu(gpus: int) -> PaperRef:
+    return _ref("fig3", "throughput_per_gpu", gpus=gpus)
+
+
+# The claims. `section` names the table or figure and where paper.md extracts the claim. Tolerances:
+# the artifact sheet's tolerance_pct (workflows/config/sheets/), 1 % for counted bytes.
+_T1, _T2, _F2, _F3, _F8 = (
+    "Table 1 (paper.md §1.1, §2)",
+    "Table 2 (paper.md §3)",
+    "Fig 2 (paper.md §5.1)",
+    "Fig 3 (paper.md §5.2)",
+    "Fig 8 (paper.md §5.6)",
+)
+_COMM = "communication analysis (paper.md §1.4)"
+
+
+def _comm(stage: str) -> Reader:
+    """A stage's volume per step over the baseline's, at the table's largest N_d."""
+    return ratio(cell("comm_volume", f"{stage} N_d=4"), cell("comm_volume", "baseline N_d=4"))
+
+
+CLAIMS = (
+    Claim("table1_every_cell", "Per-device model-state memory is 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d and 16Ψ/N_d "
+          "for the three stages: every Table 1 cell (the worst of ours shown)", _T1, "GB", worst("table1"), None, 2.5),
+    Claim("table1_1t_1024", "A 1T-parameter model's states take 15.6 GB per device with P_os+g+p on 1024 GPUs, "
+          "so DP alone fits it in 32 GB", "Table 1 (paper.md §7)", "GB", cell("table1", "1T P_os+g+p N_d=1024"),
+          _ref("table1", "model_state_memory_per_device", model_params_b=1000, dp=1024,
+               stage_or_config="P_os+g+p"), 2.5),
+    Claim("table2_pos_mp16", "ZeRO-OS (P_os) trains a 100B model at MP 16 on 1024 GPUs (measured)", _T2,
+          "B params", cell("table2", "MP 16 P_os measured"),
+          _ref("table2", "max_model_size_measured", gpus=1024, stage_or_config="P_os (ZeRO-OS)"), 10),
+    Claim("fig8_13b_without_mp", "ZeRO-100B trains models up to 13B without model parallelism on 128 GPUs", _F8,
+          "B params", cell("fig8", "max model ZeRO-DP"), _ref("fig8", "max_model_without_MP"), 10),
+    Claim("fig8_ddp_1_4b", "Data parallelism without ZeRO runs out of memory beyond 1.4B parameters", _F8,
+          "B params", cell("fig8", "max model DDP"), _ref("fig8", "max_model_without_ZeRO"), 10),
+    Claim("fig8_ddp_under_20tf", "DDP at its largest model (1.4B) runs at under 20 TFLOPS per GPU", _F8,
+          "TFLOPS/GPU", cell("fig8", "DDP 1.38B"), _ref("fig8", "throughput_per_gpu", model_params_b=1.4), 10),
+    Claim("fig8_zero_dp_over_40tf", "ZeRO-DP without MP runs 1.5B-13B models at over 40 TFLOPS per GPU on average",
+          _F8, "TFLOPS/GPU", over_judged("fig8", r"ZeRO [0-9.]+B"), _ref("fig8", "avg_throughput_per_gpu"), 10),
+    Claim("fig2_100b_38tf", "ZeRO-100B trains a 100B model on 400 GPUs at over 38 TFLOPS per GPU", _F2,
+          "TFLOPS/GPU", cell("fig2", "ZeRO 100B"),
+          _ref("fig2", "throughput_per_gpu", model_params_b=100, kind="stated"), 10),
+    Claim("fig2_15pf_average", "ZeRO-100B sustains 15 PFLOPS on 400 GPUs on average over 8B-100B models", _F2,
+          "PFLOPS", over_judged("fig2", r"ZeRO (8|40|60|80|100)B", scale=400 / 1000),
+          _ref("fig2", "aggregate_throughput_average"), 10),
+    Claim("fig2_10x_megatron", "ZeRO-100B is up to 10x faster than the Megatron-LM baseline (1.5B-170B, "
+          "400 GPUs)", _F2, "x", over_derived("fig2", "speed-up", "max"),
+          _ref("fig2", "max_speedup_over_baseline"), 10, holds_above=1.0),
+    Claim("model_size_8x", "ZeRO-100B trains 8x larger models than the largest the Megatron baseline fits "
+          "(ours: Fig 5's largest configuration on 400 GPUs over Table 2's baseline at MP 16)",
+          "Fig 2, headline (paper.md §5.1, §8)", "x",
+          ratio(over_judged("fig5", r"C\d", "max"), cell("table2", "MP 16 baseline measured")),
+          _ref("headline", "model_size_increase"), 10, holds_above=1.0),
+    Claim("fig3_superlinear", "A 60B model scales superlinearly from 64 to 400 GPUs: per-GPU throughput at "
+          "400 GPUs over that at 64", _F3, "x", ratio(cell("fig3", "400 GPUs"), cell("fig3", "64 GPUs")),
+          _ref("fig3", "throughput_per_gpu", per=_fig3_per_gpu(64), gpus=400), 10, holds_above=1.0),
+    Claim("superlinear_doubling", "Performance more than doubles when the GPU count doubles (P_os+g+p, "
+          "per-rank throughput at N_d 2 over N_d 1, each at its largest micro-batch; paper: 64 -> 128 GPUs)", _F3,
+          "x", cell("superlinear", "P_os+g+p N_d=2: largest micro-batch that fits", "vs_linear_pct",
+                    lambda v: 1 + v / 100),
+          _ref("fig3", "throughput_per_gpu", per=_fig3_per_gpu(64), gpus=128), 10, holds_above=1.0),
+    Claim("comm_stage3_1_5x", "P_os+g+p moves 1.5x the data-parallel baseline's communication volume (3Ψ vs 2Ψ)",
+          _COMM, "x", _comm("P_os+g+p"), _ref("headline", "comm_volume_vs_DP", stage_or_config="P_os+g+p"), 1),
+    Claim("comm_stage12_1x", "P_os and P_os+g move the same volume as the data-parallel baseline (2Ψ)", _COMM,
+          "x", _comm("P_os+g"), _ref("headline", "comm_volume_vs_DP", stage_or_config="P_os / P_os+g"), 1),
+)  # fmt: skip
+
+
+def verdict(
+    ours: float | None,
+    paper: float | None,
+    bound: str,
+    tolerance_pct: float,
+    holds_above: float | None = None,
+    fitted: bool = False,
+) -> tuple[str, float | None]:
+    """(verdict, error %) of ours against the paper's number (module docstring). With a bound
+    ('>' or '<'), ours on the bound's side misses by nothing."""  # fmt: skip
+    err = error_pct(ours, paper)
+    if err is None:
+        return UNTESTABLE, None
+    miss = 0.0 if (bound == ">" and ours >= paper) or (bound == "<" and ours <= paper) else abs(err)
+    if miss <= tolerance_pct:
+        return (PARTLY if fitted else REPRODUCED), err
+    if holds_above is not None and ours > holds_above:
+        return PARTLY, err
+    return REFUTED, err
+
+
+def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) -> pd.DataFrame:
+    """One row per claim, ours read from `tables` (artifact name -> its table)."""
+    rows = []
+    for c in claims:
+        got = c.read(tables)
+        ref = reference(c.paper) if c.paper is not None else None
+        paper, bound, kind = ref if ref else (getattr(got, "paper", None), "", "the row's paper number")
+        notes = []
+        if isinstance(got, str):
+            notes.append(got)
+            got = None
+        elif got.fitted:
+            notes.append(FITTED_NOTE)
+        if paper is None:
+            notes.append("no paper number")
+        value = got.value if got else None
+        v, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, bool(got and got.fitted))
+        rows.append(dict(claim=c.name, text=c.text, section=c.section, paper=paper, paper_bound=bound,
+                         paper_kind=kind, ours=value, unit=c.unit, source=got.source if got else None,
+                         basis=got.basis if got else None, error_pct=err, tolerance_pct=c.tolerance_pct,
+                         holds_above=c.holds_above, verdict=v, note="; ".join(notes) or None))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def build(paths: list[str]) -> pd.DataFrame:
+    """The ledger from results/<artifact>.csv files (each named by its stem)."""
+    return ledger({Path(p).stem: pd.read_csv(p) for p in paths})
+
+
+def _num(v) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
+
+
+def section(csv_path: str) -> str:
+    """REPORT.md's section: the verdicts counted, then every claim."""
+    df = pd.read_csv(csv_path)
+    counts = ", ".join(f"{int((df.verdict == v).sum())} {v}" for v in VERDICTS if (df.verdict == v).any())
+    lines = ["| claim | section | paper | ours | source | error % | tolerance % | verdict | read from |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for _, r in df.astype(object).where(df.notna(), None).iterrows():
+        paper = f"{r.paper_bound or ''}{_num(r.paper)} ({r.paper_kind})"
+        read_from = "; ".join(t for t in (r.basis, r.note) if t) or "-"
+        lines.append(f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | "
+                     f"{_num(r.error_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | {read_from} |")  # fmt: skip
+    return "\n\n".join([
+        "## The paper's claims",
+        f"**Ledger** (`{csv_path}`): {len(df)} claims of the paper, each ours read from the artifacts' tables "
+        "(aggregates over judged rows only). **reproduced**: within the tolerance of the paper's number or on "
+        "the side of its bound; **partly**: outside it, but the claim's qualitative statement holds (e.g. "
+        "superlinear: a per-GPU ratio above 1), or ours is read from a fitted point; **refuted**: neither; "
+        f"**not testable here**: a table, row or number is absent. Verdicts: {counts}.",
+        "\n".join(lines),
+    ])  # fmt: skip
