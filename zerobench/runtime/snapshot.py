@@ -54,7 +54,7 @@ def _ranges(engine) -> list[tuple[str, int, int, int, int]]:
 
 def _writes_state(engine) -> bool:
     """Stage 0 replicates the optimizer over DP, so one DP rank of each MP group writes it."""
-    return engine.stage >= 1 or engine.ctx.dp.rank == 0
+    return engine.partitions_optimizer or engine.ctx.dp.rank == 0
 
 
 def _max_flag(engine, raised: bool = False) -> bool:

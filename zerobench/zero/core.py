@@ -213,9 +213,7 @@ class ZeroEngine:
         overflow = self.scaler.found_overflow(grads, self.comms, self.shard_groups)
         self.scaler.update(overflow)
         if not overflow:
-            counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
-            # kept a tensor: a traced step (FakeTensorMode, zerobench/runtime/trace.py) has no value to read
-            self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+            self.last_grad_norm = self._grad_norm(grads)
             clip_(grads, self.last_grad_norm, self.train.clip_norm)
             sends = []
             self.optimizer.step(grads, after_piece=lambda i: sends.append(self._send(i)))
@@ -236,15 +234,30 @@ class ZeroEngine:
         )
         for handle in sends:
             handle.wait()
-        grads = self.grad_pieces
-        counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
-        self.last_grad_norm = global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+        self.last_grad_norm = self._grad_norm(self.grad_pieces)
         self.grads.fresh = True
         self.pool.clear()  # the staging buffers the last reductions handed back
 
+    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The global gradient norm over the shard groups, each element counted once (`_counted`
+        across MP). Kept a tensor: a traced step (FakeTensorMode, runtime/trace.py) has no value
+        to read."""
+        counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
+        return global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+
+    @property
+    def partitions_optimizer(self) -> bool:
+        """P_os (paper §5.1): each DP rank holds and updates only its chunk of the optimizer
+        states (stages 1–3); at stage 0 every rank updates everything."""
+        return self.stage >= 1
+
     def _send(self, i: int) -> Handle:
-        """Nothing to send: every rank updated piece i itself (the stage says otherwise)."""
-        return Handle(None, None)
+        """Bring updated piece i to the ranks that need it: nothing where every rank updated it
+        itself (stage 0); under P_os every rank's updated chunk of bucket i all-gathered into the
+        flat parameters (stages 1 and 2; stage 3 says otherwise)."""
+        if not self.partitions_optimizer:
+            return Handle(None, None)
+        return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)
 
     def sync_parameters(self) -> None:
         """Bring every rank's parameters up to date after the owned pieces were overwritten from

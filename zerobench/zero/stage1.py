@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from zerobench.parallel.comms import Handle
-from zerobench.zero.core import FullGradients, ZeroEngine, gather_updated
+from zerobench.zero.core import FullGradients, ZeroEngine
 
 
 class Stage1(ZeroEngine):
@@ -37,6 +36,3 @@ class Stage1(ZeroEngine):
         dst, out = self.grad_pieces[bucket.index], self.pool.take(bucket.chunk)
         handle = self.comms.reduce_scatter(out, self.grads.of(bucket), self.ctx.dp, async_op=True)
         self._start(bucket, handle, lambda: (dst.copy_(out), self.pool.give(out)))
-
-    def _send(self, i: int) -> Handle:
-        return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)

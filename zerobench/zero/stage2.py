@@ -18,7 +18,7 @@ import torch
 from zerobench.parallel.comms import Comms, Handle
 from zerobench.parallel.topology import Group
 from zerobench.zero.buffers import BufferPool
-from zerobench.zero.core import ZeroEngine, gather_updated
+from zerobench.zero.core import ZeroEngine
 from zerobench.zero.partition import Bucket, FlatLayout, Slot
 
 MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter may be outstanding at once
@@ -79,9 +79,6 @@ class Stage2(ZeroEngine):
     def _reduce(self, bucket) -> None:
         self._drain(MAX_IN_FLIGHT - 1)
         self._start(bucket, *self.grads.reduce(bucket))
-
-    def _send(self, i: int) -> Handle:
-        return gather_updated(self.comms, self.flat_param, self.layout.buckets[i], self.ctx.dp)
 
     def transient_states(self):
         return [(t, "grad") for t in self.grads.staging.values()]

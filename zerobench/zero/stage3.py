@@ -220,9 +220,7 @@ class Stage3(ZeroEngine):
 
     # -- inspection -----------------------------------------------------------------------------
     def transient_states(self):
-        return [(t, "grad") for t in self.grads.staging.values()] + [
-            (t, "param") for t in self.gathered.held()
-        ]
+        return [(t, "grad") for t in self.grads.staging.values()] + [(t, "param") for t in self.gathered.held()]
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter whole, in fp32 (a copy). Collective: every DP rank must call it. Its
