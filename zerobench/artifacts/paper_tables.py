@@ -38,8 +38,12 @@ def _size(r: dict) -> float:
 
 def _run(r: dict) -> dict:
     """The batch that ran, the largest that fits, the status and, if it ran, its times."""
-    out = dict(micro_batch=r["micro_batch"], max_micro_batch=r.get("max_micro_batch"), status=r["status"],
-               error_band_pct=r.get("error_band_pct"))  # the held-out error of its regime (modelled)
+    out = dict(
+        micro_batch=r["micro_batch"],
+        max_micro_batch=r.get("max_micro_batch"),
+        status=r["status"],
+        error_band_pct=r.get("error_band_pct"),
+    )  # the held-out error of its regime (modelled)
     if r["status"] == "ok":
         out.update({col: r.get(field) for field, col in TIMES.items()})
     return out
