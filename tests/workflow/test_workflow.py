@@ -33,6 +33,9 @@ def test_lint_and_format_are_clean():
     assert lint.returncode == 0, lint.stdout + lint.stderr
     fmt = subprocess.run([str(BIN / "snakefmt"), "--check", "Snakefile", "workflows/"], cwd=ROOT, capture_output=True)
     assert fmt.returncode == 0, fmt.stderr.decode()
+    for ruff in (["check"], ["format", "--check"]):  # the Python side: `make lint`
+        out = subprocess.run([str(BIN / "ruff"), *ruff, "zerobench", "tests"], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_default_target_dry_run_plans_every_artifact(tmp_path):
