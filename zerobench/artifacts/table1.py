@@ -29,8 +29,8 @@ GB = 1e9  # the paper's GB
 STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}
 NDS = (1, 4, 16, 64, 256, 1024)
 # traced by default (sheets/table1.yaml lists the same): a cell's trace (the engine built, no
-# step) costs ~1-6 s of CPU here, plus ~3 s once to import torch._dynamo (zerobench/runtime/trace.py), so
-# three N_d per model; the formula covers every cell, and `--all` traces all 54
+# step) costs seconds of CPU, so three N_d per model; the formula covers every cell, and `--all`
+# traces all 54
 TRACED_NDS = (4, 64, 1024)
 # the paper's size in billions -> its preset
 MODELS: dict[float, ModelConfig] = {

@@ -47,10 +47,9 @@ def runtime_bytes(log) -> tuple[float, float]:
     first steps (one rank) beyond the tensors the engine holds at its peak
     (perfmodel/engine_memory.py): code paged in, thread pools, the allocator's own; and what the
     same run gains more with activation checkpointing, whose recomputation calls autograd's
-    backward inside backward (on this CPU 34 MiB more for the tiny model, 22-43 MiB at cpu-10m,
-    none of it tensors). Measured under the allocator this process runs with (the workflow's
-    calibrate: glibc; the memory trials it predicts run jemalloc, and the tiny model read the same
-    under both here: 20.3 against 20.7 MiB, 54.0 against 55.2 with checkpointing)."""
+    backward inside backward (none of it tensors). Measured under the allocator this process runs
+    with (the workflow's calibrate: glibc; the memory trials it predicts run jemalloc, under which
+    the tiny model reads about the same: docs/perfmodel.md gives the readings)."""
 
     model, precision, b = preset("tiny"), PrecisionConfig("fp32", "cpu"), TrainConfig().micro_batch
     beyond = []

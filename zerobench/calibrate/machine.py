@@ -152,7 +152,7 @@ def _fit_alpha_beta(points: list[tuple[float, float]]) -> tuple[float, float]:
     """(α, β) of t = α + v/β over (per-rank ring volume in bytes, seconds): α is the time of the
     smallest message (its bytes take no time to speak of), β the least-squares bandwidth of what
     the messages of 256 KiB and up take beyond α. A plain line fit lets the largest messages'
-    noise set the intercept (it gave α from 0 to 2.3 ms on this machine)."""
+    noise set the intercept."""
     alpha = min(points)[1]
     large = [(v, t - alpha) for v, t in points if v >= 2**18] or [max(points)]
     return alpha, sum(v * v for v, _ in large) / max(sum(v * t for v, t in large), 1e-12)

@@ -26,7 +26,7 @@ allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU c
 - the runtime: what a process's RSS gains by running its first steps beyond its tensors (code
   paged in, thread pools, the allocator's own), measured by calibrate on a tiny model, and with
   checkpointing what the same run gains more (not tensors: the recomputation calls autograd's
-  backward inside backward; 34 MiB on this CPU whatever the model's size).
+  backward inside backward; about the same whatever the model's size).
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ allocations rather than the model. Under jemalloc (`oversize_threshold:0`: large
 ordinary arenas; `dirty_decay_ms:0,muzzy_decay_ms:0`: freed pages go back at once, so RSS holds
 live allocations, the CPU's counterpart of a GPU's peak allocated bytes) RSS is the tensors plus
 the runtime: with jemalloc's default 10 s decay, pages freed earlier in a step and not yet reused
-added 2-17 MiB more at cpu-10m (micro-batch 1: 139 against 123 MiB; mp 2: 112 against 105; with
-checkpointing: 212 against 195). The steps run slower, as freed pages are faulted in again: a
-median 25 % over the model_vs_measured trials on this machine (-8 to +53 %). So a trial that checks memory against a
+added megabytes more at cpu-10m. The steps run slower, as freed pages are faulted in again
+(docs/perfmodel.md gives both readings). So a trial that checks memory against a
 prediction asks for jemalloc (the model_vs_measured sheet's memory trials); `auto` takes it when
 installed (Debian/Ubuntu: apt-get install libjemalloc2; scripts/setup.sh does as root).
 `zerobench run` and `calibrate` re-execute themselves with it preloaded, and every record says
