@@ -71,10 +71,8 @@ class ModelConfig:
 
     @property
     def largest_param_numel(self) -> int:
-        """Elements of the largest single parameter, whole (before any MP split): the tied
-        embedding V·h, the positions s·h or an MLP weight 4h·h."""
-        h = self.hidden
-        return max(self.vocab * h, self.seq * h, 4 * h * h)
+        """Elements of the largest parameter, whole (before any MP split): V·h, s·h or 4h·h."""
+        return self.hidden * max(self.vocab, self.seq, 4 * self.hidden)
 
     def with_overrides(self, **shape) -> ModelConfig:
         """A copy with the given shape fields replaced (None means keep)."""

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests.records import TINY_STEP
 from zerobench.calibrate import kernels as calibrate_kernels
 from zerobench.calibrate import machine as calibrate
 from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
@@ -396,12 +397,7 @@ def test_model_vs_measured_rows_from_a_record():
 def test_model_vs_measured_judges_a_trials_step_on_the_median_of_its_runs():
     from zerobench.artifacts.vs_measured import model_vs_measured
 
-    record = dict(
-        status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=1, mp=1, stage=0,
-        bucket_bytes=2**20, checkpoint_activations=False, partition_activations=False, offload_activations=False,
-        contiguous_buffers=False, precision="fp32", device="cpu", micro_batch=4, grad_accum=1, steps=2,
-        num_params=1000, allocator="system", comm={},
-    )  # fmt: skip
+    record = TINY_STEP
     # three runs of one trial, the second in a slow spell, and a run of another micro-batch
     runs = [dict(record, step_time_s=t) for t in (0.50, 0.80, 0.46)] + [dict(record, micro_batch=8, step_time_s=1.0)]
     df = model_vs_measured(runs, CPU)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.engine_cases import spec_for
+from tests.records import TINY_STEP
 from tests.unit.test_calibrate import CPU
 from zerobench.config import ConfigError
 from zerobench.parallel import topology
@@ -100,18 +101,10 @@ def test_profile_keeps_the_calibrations_probe_and_refuses_a_bad_one(tmp_path):
         profile_file.from_dict({**d, "host_probe": [[0, S, 1e9, 5e9]]})
 
 
-RECORD = dict(
-    status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=1, mp=1, stage=0,
-    bucket_bytes=2**20, checkpoint_activations=False, partition_activations=False, offload_activations=False,
-    contiguous_buffers=False, precision="fp32", device="cpu", micro_batch=4, grad_accum=1, steps=2,
-    num_params=1000, allocator="system", comm={},
-)  # fmt: skip
-
-
 def _run(step: float, speed: float | None, **fields) -> dict:
     """A run of a step of `step` s whose host ran at `speed` x the calibration's (both readings)."""
     probe_ = None if speed is None else [reading(speed, speed)] * 2
-    return dict(RECORD, step_time_s=step, host_probe=probe_, **fields)
+    return dict(TINY_STEP, step_time_s=step, host_probe=probe_, **fields)
 
 
 def test_model_vs_measured_sets_aside_slow_runs_and_normalizes_by_the_probe():
