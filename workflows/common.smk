@@ -129,7 +129,10 @@ wildcard_constraints:
 # runs take the tiny model for a couple of steps. Clipping is off by default so that the losses
 # compare the engines: torch's fp32 CPU norm kernel (clip_grad_norm_, used by DDP, ZeRO-1 and
 # FSDP2 here) is off by ~1e-4 relative on 10^7-element gradients (pytorch/pytorch#169237), which
-# alone moves their losses by 2-3e-4 within 10 steps. `in_report` adds the table to REPORT.md.
+# alone moves their losses by 2-3e-4 within 10 steps. Stage 3 holds a bucket whose next use is
+# under 64 MiB of gathers ahead (`reuse_mb`, zero/gather.py), as DeepSpeed's default
+# stage3_max_reuse_distance (1e9 parameters) does; the engine's own default is 0, the paper's 3Ψ.
+# `in_report` adds the table to REPORT.md.
 PEERS = {
     "model": "tiny" if config.get("smoke") else "cpu-100m",
     "dp": 2,
@@ -137,6 +140,7 @@ PEERS = {
     "warmup": 1 if config.get("smoke") else 2,
     "steps": 2 if config.get("smoke") else 8,
     "clip_norm": 0.0,
+    "reuse_mb": 64,
     "in_report": False,
     **config.get("peers", {}),
 }

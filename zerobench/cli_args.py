@@ -81,6 +81,7 @@ def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConf
         prefetch_bytes=mib(args.prefetch_mb, "prefetch_mb"),
         max_live_bytes=mib(args.max_live_mb, "max_live_mb"),
         persistence_threshold=args.persistence_threshold,
+        reuse_bytes=mib(args.reuse_mb, "reuse_mb") if args.reuse_mb else 0,
         **zero,
     )
     parallel.check_model(model)

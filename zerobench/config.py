@@ -228,13 +228,15 @@ class ParallelConfig:
     prefetch_bytes: int = 50 * 2**20  # stage 3: gathered-parameter bytes allowed in flight ahead
     max_live_bytes: int = 2**33  # stage 3: gathered-parameter bytes alive at once, in use and prefetched
     persistence_threshold: int = 0  # stage 3: tensors of <= this many elements stay whole
+    reuse_bytes: int = 0  # stage 3: hold a bucket whose next use is < this many gathered bytes ahead; 0 = 3Ψ
 
     def __post_init__(self):
         _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes", "max_live_bytes")
         _require(type(self.stage) is int and self.stage in (0, 1, 2, 3), "stage", "must be 0, 1, 2 or 3", self.stage)
-        threshold = self.persistence_threshold
         rule = "must be an integer >= 0"
-        _require(type(threshold) is int and threshold >= 0, "persistence_threshold", rule, threshold)
+        for name in ("persistence_threshold", "reuse_bytes"):
+            value = getattr(self, name)
+            _require(type(value) is int and value >= 0, name, rule, value)
         for name in ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers"):
             _require(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
         if self.partition_activations or self.offload_activations:

@@ -140,6 +140,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           "live", schema={"exclusiveMinimum": 0}),
     Field("persistence_threshold", int, "stage 3: keep tensors this small whole (elements)", "parallel",
           _P.persistence_threshold, "pt", schema={"minimum": 0}),
+    Field("reuse_mb", float, "stage 3: keep a bucket gathered when its next use is less than this many MiB of "
+          "gathers ahead (0: release all, the paper's 3Ψ)", "parallel", _P.reuse_bytes / MiB, "reuse",
+          schema={"minimum": 0}),
     Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="lr"),
     Field("clip_norm", float, "global gradient-norm clip; 0 disables it", "train", _T.clip_norm, "clip",
           schema={"minimum": 0}, sets="clip_norm"),

@@ -54,7 +54,9 @@ class Trainer:
         self.ctx = topology.single_process() if one else topology.build(spec.parallel.dp, spec.parallel.mp)
         self.comms = Comms(CallLedger())
         self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device("cpu"))
-        self.note = f"bucket_bytes={spec.parallel.bucket_bytes}"
+        self.note = f"bucket_bytes={spec.parallel.bucket_bytes}" + (
+            f", reuse_bytes={spec.parallel.reuse_bytes}" if self.spec.parallel.stage == 3 else ""
+        )
 
     def step(self, step: int) -> float:
         if step == self.spec.train.warmup:

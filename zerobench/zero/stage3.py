@@ -7,7 +7,8 @@ module costs one all-gather. Tensors of at most `persistence_threshold` elements
 rank instead (packed into C_B buckets after the others).
 
 Frees: a module's gathered bucket right after its forward (forward post-hook), and in backward as
-soon as its gradients are reduced. Between forward and backward nothing gathered stays alive: the
+soon as its gradients are reduced, unless it is held for a use close ahead (`reuse_bytes`, gather.py;
+off by default). Between forward and backward nothing else gathered stays alive: the
 tensors autograd saves that are a partitioned parameter, a view of one or its compute-dtype cast
 (`self.w(weight)` in model.py) are packed as tokens (`saved_tensors_hooks`), and unpacking one
 gathers the bucket again. A recomputed (checkpointed) block re-gathers through the forward
@@ -20,7 +21,8 @@ all-gather Ψ (every bucket of the GPT is read by backward), and stage 2's reduc
 (N_d−1)/N_d — the paper's 3Ψ, 1.5x data parallelism; m micro-batches cost 3mΨ(N_d−1)/N_d. Adam
 updates the shard and nothing is gathered after the step, except the persistent tensors: their Ψ_p
 costs a reduce-scatter per micro-batch and one all-gather after the step, (m + 1)Ψ_p instead of
-3mΨ_p. When and how much is gathered ahead (prefetch) is gather.py's.
+3mΨ_p. When and how much is gathered ahead (prefetch) or held for reuse is gather.py's; reuse moves
+less than 3Ψ (the root bucket, held from the forward's end into backward: 3Ψ − Ψ_root).
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ class Stage3(ZeroEngine):
                 return
             self._uses[b] -= 1
             if self._uses[b] == 0:
-                self.gathered.release(b)
+                self.gathered.done(b)
 
         return hook
 
@@ -208,7 +210,7 @@ class Stage3(ZeroEngine):
         self._drain(MAX_IN_FLIGHT - 1)
         self._start(bucket, *self.grads.reduce(bucket))
         if bucket.index in self.gathered.ready and not self._uses.get(bucket.index):
-            self.gathered.release(bucket.index)
+            self.gathered.done(bucket.index)
 
     # -- step -----------------------------------------------------------------------------------
     def _send(self, i: int) -> Handle:
@@ -220,7 +222,8 @@ class Stage3(ZeroEngine):
 
     # -- inspection -----------------------------------------------------------------------------
     def transient_states(self):
-        return [(t, "grad") for t in self.grads.staging.values()] + [(t, "param") for t in self.gathered.held()]
+        gathered = [(t, "param") for t in self.gathered.buffers.values()]
+        return [(t, "grad") for t in self.grads.staging.values()] + gathered
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter whole, in fp32 (a copy). Collective: every DP rank must call it. Its
