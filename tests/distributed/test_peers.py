@@ -143,14 +143,23 @@ def _row(impl, stage, t, rss, losses, family="torch"):
             "comm_bytes_per_step": 8e6, "loadavg_before": 1.0, "loadavg_after": 2.0, "clip_norm": 0.0}  # fmt: skip
 
 
+# host probe readings (runtime/probe.py), before and after a row: GEMM n, copy bytes, FLOP/s, bytes/s
+PROBE = json.dumps([[512, 2**25, 50e9, 4e9], [512, 2**25, 50e9, 4e9]])
+SLOWER = json.dumps([[512, 2**25, 40e9, 3.2e9], [512, 2**25, 40e9, 3.2e9]])  # both rates 0.8x the floor's
+
+
 def test_ratios_table_and_figure(tmp_path):
     rows = runner.compare(
         runner.with_bounds(
             [
-                {**_row("floor", None, 1.6, 80, [9.0, 9.0], family="floor"), "dp": 1},  # no loss check
+                {
+                    **_row("floor", None, 1.6, 80, [9.0, 9.0], family="floor"),
+                    "dp": 1,
+                    "host_probe": PROBE,
+                },  # no loss check
                 {**_row("floor-concurrent", None, 1.8, 80, [9.0, 9.0], family="floor-concurrent"), "dp": 1},
                 {**_row("ours-0", 0, 2.0, 100, [1.0, 0.5], family="zerobench"), "collective_s_per_step": 0.25},
-                _row("ddp", 0, 4.0, 200, [1.0, 0.5001]),
+                {**_row("ddp", 0, 4.0, 200, [1.0, 0.5001]), "host_probe": SLOWER},
                 _row("fsdp2-reshard", 3, 3.0, 50, [1.0, 0.5]),  # no ours-3: loss against ours-0, no ratio, no bound
                 {**_row("deepspeed-1", 1, 1.0, 1, [], family="deepspeed"), "status": "error", "error": "boom"},
             ]
@@ -170,6 +179,7 @@ def test_ratios_table_and_figure(tmp_path):
     assert ddp["time_ratio_ours_over"] == 0.5 and ddp["rss_ratio_ours_over"] == 0.5
     assert ddp["loss_max_rel_diff"] == pytest.approx(2e-4) and ddp["loss_ref"] == "ours-0"
     assert fsdp["time_ratio_ours_over"] is None and fsdp["loss_ref"] == "ours-0"
+    assert (floor["host_speed"], fsdp["host_speed"]) == (1.0, None) and ddp["host_speed"] == pytest.approx(0.8)
     csv, png = tmp_path / "peers.csv", tmp_path / "peers.png"
     runner.write_csv(rows, csv)
     table = summary.peers_markdown(csv)
@@ -181,6 +191,7 @@ def test_ratios_table_and_figure(tmp_path):
     assert table.index("| — | floor-concurrent |") < table.index("| 0 | ours-0 |")
     assert "dp = 2" in table  # the heading describes the compared world, not the floor's
     assert "error: boom" in table and "no gradient clipping" in table
+    assert "against the floor's (GEMM and copy probe): 0.80–1.00." in table
     section = report.peers_section(str(csv))
     assert section.startswith("## Side by side") and table in section
     summary.plot_peers(csv, png)

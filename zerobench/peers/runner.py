@@ -23,6 +23,7 @@ import platform
 from zerobench import trial
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
 from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
+from zerobench.runtime import probe
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
@@ -32,7 +33,7 @@ COLUMNS = (
     "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
     "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "time_over_floor_concurrent",
     "collective_s_per_step", "time_over_bound", "note",
-    "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after",
+    "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after", "host_probe", "host_speed",
 )  # fmt: skip
 
 
@@ -91,6 +92,7 @@ def run_one(impl: str, spec, log=print, name: str | None = None, ranks: int | No
     if name is not None:
         row.update(impl=name, family=name, stage=None)
     row["loadavg_before"] = round(os.getloadavg()[0], 2)
+    before = probe.read("cpu")  # the host's speed beside each row (runtime/probe.py), outside its timing
     try:
         row.update(summarise(measure(impl, spec, ranks), spec), status="ok")
     except Unavailable as exc:
@@ -98,6 +100,7 @@ def run_one(impl: str, spec, log=print, name: str | None = None, ranks: int | No
     except Exception as exc:  # noqa: BLE001 - a peer failing is a result, reported with its error
         row.update(status="error", error=f"{type(exc).__name__}: {str(exc).strip()[-400:]}")
     row["loadavg_after"] = round(os.getloadavg()[0], 2)
+    row["host_probe"] = json.dumps([before, probe.read("cpu")])
     log(
         f"{row['impl']:28s} {row['status']:8s} "
         + (f"{row['step_time_s']:.3f} s/step" if row["status"] == "ok" else row["error"])
@@ -130,14 +133,17 @@ def with_bounds(rows: list[dict]) -> list[dict]:
 
 def compare(rows: list[dict]) -> list[dict]:
     """Fill the loss agreement with ours (same stage, else our lowest), ours / peer ratios and
-    every step time over each floor's and over its stage's bound. The floors train a different
-    global batch, and a bound trains nothing: no loss check."""
+    every step time over each floor's and over its stage's bound, and each row's host speed
+    against the floor's (runtime/probe.py: < 1, the host ran slower than for the floor). The floors
+    train a different global batch, and a bound trains nothing: no loss check."""
     ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
     floors = {r["family"]: r for r in rows if r["family"] in (FLOOR, FLOOR_CONCURRENT) and r["status"] == "ok"}
     bounds = {r["stage"]: r for r in rows if r["family"] == BOUND}
     for r in rows:
         if r["status"] != "ok":
             continue
+        if r.get("host_probe") and FLOOR in floors:
+            r["host_speed"] = probe.host_speed(json.loads(r["host_probe"]), json.loads(floors[FLOOR]["host_probe"]))
         for name, column in ((FLOOR, "time_over_floor"), (FLOOR_CONCURRENT, "time_over_floor_concurrent")):
             if name in floors:
                 r[column] = r["step_time_s"] / floors[name]["step_time_s"]

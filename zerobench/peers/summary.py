@@ -50,7 +50,7 @@ def peers_markdown(csv_path) -> str:
         f"time over its stage's bound. Ratios are ours / peer at "
         f"the same stage (< 1: ours faster or smaller). Load average "
         f"(1 min) during the runs: "
-        f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}.\n\n"
+        f"{df['loadavg_before'].min():.1f}–{df['loadavg_after'].max():.1f}. {_host_speeds(df)}\n\n"
     )
     lines = [
         "| stage | implementation | version | s/step (median [min–max]) | / floor | / conc. | / bound "
@@ -146,3 +146,13 @@ def losses_of(csv_path) -> dict[str, list[float]]:
     df = _load(csv_path)
     trained = df[(df["status"] == "ok") & (df["family"] != BOUND)]  # a bound trains nothing
     return {r["impl"]: json.loads(r["losses"]) for _, r in trained.iterrows()}
+
+
+def _host_speeds(df) -> str:
+    """The host speed probe's spread over the rows, against the floor's (runtime/probe.py)."""
+    speeds = df["host_speed"].dropna() if "host_speed" in df else []
+    if len(speeds) == 0:
+        return "Host speed: not recorded (no probe in these rows)."
+    return (
+        f"Host speed beside each row, against the floor's (GEMM and copy probe): {speeds.min():.2f}–{speeds.max():.2f}."
+    )
