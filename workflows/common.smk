@@ -100,6 +100,18 @@ def table_profile(wildcards):
     return []
 
 
+def trial_profile(wildcards):
+    """The calibrated profile a measured trial's host probe is compared with: a run in a slow spell
+    runs once more (runtime/probe.py). None in a smoke run, which checks the plumbing, not speed.
+    `ancient`: the trial needs the profile to exist, and a newer calibration does not make its
+    records out of date."""
+    return [] if config.get("smoke") else ancient(f"results/profiles/calibrated-{config['device']}.json")
+
+
+def reference_flag(wildcards, input):
+    return f"--probe-reference {input.profile}" if input.profile else ""
+
+
 def profile_flag(wildcards, input):
     return f"--profile {input.profile}" if input.profile else ""
 

@@ -6,6 +6,8 @@
 
 rule run_trial:
     """A measured trial: real steps of the engine on dp x mp ranks (gloo on CPU, NCCL on GPU)."""
+    input:
+        profile=trial_profile,
     output:
         "results/runs/{source}_{trial}.json",
     log:
@@ -30,12 +32,13 @@ rule run_trial:
         flags=trial_flags,
         device=config["device"],
         time_limit=config["time_limit_s"],
+        reference=reference_flag,
     # one intra-op thread per rank: Snakemake sets OMP_NUM_THREADS and MKL_NUM_THREADS (MKL runs the
     # GEMMs) to the job's threads, its ranks
     shell:
         "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 {resources.mpi} python -m zerobench.cli run {params.flags}"
         " --device {params.device}"
-        " --time-limit {params.time_limit} --out {output} > {log} 2>&1"
+        " --time-limit {params.time_limit} {params.reference} --out {output} > {log} 2>&1"
 
 
 rule trace_trial:

@@ -13,9 +13,9 @@ import sys
 
 from zerobench.cli_args import configs, mib, trial_args
 from zerobench.config import NOMINAL_BILLIONS, PRESETS, ConfigError
-from zerobench.perfmodel import estimate_text
+from zerobench.perfmodel import estimate_text, profile_file
 from zerobench.results import read_record, write_record
-from zerobench.runtime import allocator
+from zerobench.runtime import allocator, probe
 from zerobench.runtime.procs import process_tree
 from zerobench.sweeps.modelled import modelled_record, sweep_args
 from zerobench.sweeps.search import listed_flags, run_under_policy
@@ -33,8 +33,14 @@ def _trial_spec(args) -> TrialSpec:
 
 def cmd_run(args) -> int:
     listed = _trial_spec(args)
-    record = run_under_policy(listed, vars(args), lambda spec: _run_once(args, spec, listed))
-    if args.out and "policy" in record:  # the record of the size that ran, with the search's trail
+
+    def run(spec: TrialSpec) -> dict:
+        return _run_once(args, spec, listed)
+
+    if args.probe_reference:
+        run = probe.rerun_if_slow(run, profile_file.load(args.probe_reference).host_probe)
+    record = run_under_policy(listed, vars(args), run)
+    if args.out and ("policy" in record or "slow_spell_rerun" in record):  # with the search's trail, or the rerun's
         write_record(record, args.out)
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
@@ -54,7 +60,8 @@ def _run_with_time_limit(args, spec: TrialSpec, listed: TrialSpec) -> dict:
     limit = args.time_limit
     if not args.out:
         raise ConfigError("time_limit: needs --out (the record is written there)")
-    argv = [*args.argv, *listed_flags(spec, listed), "--time-limit", "0"]  # this attempt's sizes, no search of its own
+    # this attempt's sizes, no search and no rerun of its own
+    argv = [*args.argv, *listed_flags(spec, listed), "--time-limit", "0", "--probe-reference", ""]
     child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *argv])
     try:
         child.wait(timeout=limit)
@@ -194,6 +201,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--save", metavar="DIR", help="write a sharded checkpoint here after the timed steps")
     run.add_argument("--resume", metavar="DIR", help="load this checkpoint (any dp, stage) and continue from it")
     run.add_argument("--time-limit", type=float, default=0, help="wall seconds before status timeout (0: none)")
+    run.add_argument(
+        "--probe-reference",
+        metavar="PROFILE",
+        help="a calibrated profile: if the host probe read "
+        f"beside the trial says it ran more than {probe.SLOW_SPELL * 100:.0f} %% slower than at calibration, "
+        "run it once more",
+    )
     run.set_defaults(fn=cmd_run)
     trace = sub.add_parser("trace", help="one step of the engine under FakeTensorMode at any scale")
     trial_args(trace, "trace")

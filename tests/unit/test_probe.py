@@ -176,3 +176,30 @@ def test_superlinear_pair_compared_at_the_sweeps_typical_speed():
     # without probes: the columns empty, the comparison as measured
     bare = table([{**one, "host_probe": None}, {**two, "host_probe": None}])
     assert bare.host_speed.isna().all() and "not recorded" in seen(bare)
+
+
+def test_a_trial_in_a_slow_spell_runs_once_more():
+    """`rerun_if_slow`: a record whose probe reads more than 15 % below the reference is run again
+    and the second kept, noting the first; a quick first run, a failed one, or a slow second run
+    is kept as it is (a slow second run: flagged by the tables, not run a third time)."""
+    ref = [reading(1.0, 1.0)]
+    speeds = {"quick": [1.0], "slow then quick": [0.7, 0.95], "slow twice": [0.7, 0.6]}
+    for name, seq in speeds.items():
+        calls = []
+
+        def run(spec, seq=seq, calls=calls):
+            calls.append(spec)
+            s = seq[len(calls) - 1]
+            return {"status": "ok", "step_time_s": 1 / s, "host_probe": [reading(s, s)]}
+
+        record = probe.rerun_if_slow(run, ref, log=lambda _: None)("spec")
+        assert calls == ["spec"] * len(seq), name
+        assert record["step_time_s"] == pytest.approx(1 / seq[-1])
+        if len(seq) > 1:
+            assert record["slow_spell_rerun"] == {"first_host_speed": pytest.approx(0.7), "first_step_time_s": 1 / 0.7}
+        else:
+            assert "slow_spell_rerun" not in record
+    failed = probe.rerun_if_slow(lambda spec: {"status": "oom", "host_probe": [reading(0.5, 0.5)]}, ref)("spec")
+    assert failed == {"status": "oom", "host_probe": [reading(0.5, 0.5)]}
+    # no probe on the record (an older record, a failed launch): nothing to compare, no rerun
+    assert "slow_spell_rerun" not in probe.rerun_if_slow(lambda spec: {"status": "ok"}, ref)("spec")

@@ -114,3 +114,22 @@ def slow_spell(speed: float | None) -> bool | None:
     """True where `speed` (host_speed) is more than SLOW_SPELL slower than its reference; None
     where it is unknown (no probe)."""
     return None if speed is None else speed < 1 - SLOW_SPELL
+
+
+def rerun_if_slow(run: Callable[[object], dict], reference: Sequence, log=print) -> Callable[[object], dict]:
+    """`run` (a trial spec -> its record) that, when the record's host probe says the trial ran in
+    a slow spell against `reference` (a profile's readings), runs it once more and keeps the second
+    record, with the first's speed and step time under `slow_spell_rerun`. A second slow run is
+    kept as it is: the tables flag it (artifacts/host_speed.py)."""
+
+    def wrapped(spec) -> dict:
+        record = run(spec)
+        speed = host_speed(record.get("host_probe"), reference)
+        if record.get("status") != "ok" or not slow_spell(speed):
+            return record
+        log(f"host speed {speed:.2f} of the reference's: a slow spell; running the trial once more")
+        again = run(spec)
+        again["slow_spell_rerun"] = {"first_host_speed": speed, "first_step_time_s": record.get("step_time_s")}
+        return again
+
+    return wrapped
