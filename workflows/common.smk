@@ -105,7 +105,11 @@ def trial_profile(wildcards):
     runs once more (runtime/probe.py). None in a smoke run, which checks the plumbing, not speed.
     `ancient`: the trial needs the profile to exist, and a newer calibration does not make its
     records out of date."""
-    return [] if config.get("smoke") else ancient(f"results/profiles/calibrated-{config['device']}.json")
+    return (
+        []
+        if config.get("smoke")
+        else ancient(f"results/profiles/calibrated-{config['device']}.json")
+    )
 
 
 def reference_flag(wildcards, input):
