@@ -102,12 +102,14 @@ def table_profile(wildcards):
 
 def trial_profile(wildcards):
     """The calibrated profile a measured trial's host probe is compared with: a run in a slow spell
-    runs once more (runtime/probe.py), where the config asks for it (`rerun_slow_trials`). None in a
-    smoke run, which checks the plumbing, not speed. `ancient`: the trial needs the profile to
-    exist, and a newer calibration does not make its records out of date."""
-    if config.get("smoke") or not config["rerun_slow_trials"]:
-        return []
-    return ancient(f"results/profiles/calibrated-{config['device']}.json")
+    runs once more (runtime/probe.py). None in a smoke run, which checks the plumbing, not speed.
+    `ancient`: the trial needs the profile to exist, and a newer calibration does not make its
+    records out of date."""
+    return (
+        []
+        if config.get("smoke")
+        else ancient(f"results/profiles/calibrated-{config['device']}.json")
+    )
 
 
 def reference_flag(wildcards, input):
