@@ -233,10 +233,9 @@ class ParallelConfig:
     def __post_init__(self):
         _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes", "max_live_bytes")
         _require(type(self.stage) is int and self.stage in (0, 1, 2, 3), "stage", "must be 0, 1, 2 or 3", self.stage)
-        rule = "must be an integer >= 0"
         for name in ("persistence_threshold", "reuse_bytes"):
             value = getattr(self, name)
-            _require(type(value) is int and value >= 0, name, rule, value)
+            _require(type(value) is int and value >= 0, name, "must be an integer >= 0", value)
         for name in ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers"):
             _require(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
         if self.partition_activations or self.offload_activations:
