@@ -30,17 +30,24 @@ def load_sheet(name):
 
 
 # A measured or traced trial is a job of its own: results/runs/<trial id>.json. A modelled group
-# is one job that writes one record per trial into results/runs/<artifact>.g<index>/.
+# is one job that writes one record per trial into results/runs/<artifact>.g<index>/; an
+# interleaved measured group (`interleave: R`) one job that runs its trials round by round into
+# results/runs/<artifact>.i<index>/.
 SHEETS = {name: load_sheet(name) for name in config["sheets"]}
 SHEET_INPUTS = {}
 TRIALS = {}
 GROUPS = {}
+INTERLEAVED = {}
 for _name, _sheet in SHEETS.items():
     _inputs = []
     for _index, _trials in enumerate(sheets.sheet_trials(_sheet, config["smoke"])):
         if _trials and _trials[0]["source"] == "modelled":
             GROUPS[f"{_name}.g{_index}"] = _trials
             _inputs.append(f"results/runs/{_name}.g{_index}")
+            continue
+        if _trials and _sheet["trials"][_index].get("interleave"):
+            INTERLEAVED[f"{_name}.i{_index}"] = _trials
+            _inputs.append(f"results/runs/{_name}.i{_index}")
             continue
         for _trial in _trials:
             TRIALS[sheets.trial_id(_trial)] = _trial
@@ -70,6 +77,26 @@ def trial_gpus(wildcards):
 def group_trials(wildcards):
     """A modelled group's trials, for the `model_group` job's params (a changed sheet reruns it)."""
     return GROUPS[f"{wildcards.artifact}.g{wildcards.group}"]
+
+
+def interleaved_trials(wildcards):
+    """An interleaved group's trials, in the order they run (a changed sheet reruns the job)."""
+    return INTERLEAVED[f"{wildcards.artifact}.i{wildcards.group}"]
+
+
+def interleaved_world(wildcards):
+    """The ranks of the group's largest trial: cores (tasks on SLURM) the job holds throughout."""
+    return max(sheets.world_size(t) for t in interleaved_trials(wildcards))
+
+
+def interleaved_gpus(wildcards):
+    return interleaved_world(wildcards) if config["device"] == "cuda" else 0
+
+
+def interleaved_runtime(wildcards, attempt):
+    """Minutes: every run of the group at its time limit, at worst (as run_trial's 30 per attempt)."""
+    runs = len(interleaved_trials(wildcards))
+    return attempt * max(30, runs * config["time_limit_s"] // 60)
 
 
 def trial_mpi(wildcards):

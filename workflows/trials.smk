@@ -41,6 +41,37 @@ rule run_trial:
         " --time-limit {params.time_limit} {params.reference} --out {output} > {log} 2>&1"
 
 
+rule run_interleaved:
+    """An interleaved measured group (a sheet's `interleave: R`, zerobench/sweeps/interleave.py): its
+    trials in R rounds in one job, so that the points a table compares are timed side by side.
+    """
+    output:
+        directory("results/runs/{artifact}.i{group}"),
+    log:
+        "results/logs/{artifact}.i{group}.log",
+    benchmark:
+        "results/benchmarks/{artifact}.i{group}.tsv"
+    conda:
+        "envs/zerobench.yaml"
+    # the largest trial's ranks, one core each, held throughout: nothing else times on them
+    threads: interleaved_world
+    resources:
+        gpu=interleaved_gpus,
+        tasks=interleaved_world,
+        runtime=interleaved_runtime,
+        mem_mb=16000,
+        trial_slots=1,
+    params:
+        sheet=sheet_path,
+        trials=interleaved_trials,
+        device=config["device"],
+        time_limit=config["time_limit_s"],
+        launcher=config["launcher"],
+    shell:
+        "python -m zerobench.cli sweep {params.sheet} --group {wildcards.group} --outdir {output}"
+        " --device {params.device} --time-limit {params.time_limit} --launcher '{params.launcher}' > {log} 2>&1"
+
+
 rule trace_trial:
     """A traced trial: one step of the same engine under FakeTensorMode, at paper scale."""
     output:

@@ -165,7 +165,7 @@ def test_superlinear_pair_compared_at_the_sweeps_typical_speed():
     # geomean(0.5, 1) = 0.707
     one = dict(base, dp=1, micro_batch=2, tokens_per_s=1000.0, host_probe=[reading(0.5, 0.5)])
     two = dict(base, dp=2, micro_batch=2, tokens_per_s=2000.0, host_probe=[reading(1.0, 1.0)])
-    df = table([one, two])
+    df = table([({}, one), ({}, two)])
     best = df[df.kind == "best"].set_index("dp")
     typical = math.sqrt(0.5)
     assert best.host_speed[1] == pytest.approx(0.5 / typical) and best.host_speed[2] == pytest.approx(1 / typical)
@@ -174,7 +174,7 @@ def test_superlinear_pair_compared_at_the_sweeps_typical_speed():
     assert "0.71 at N_d=1, 1.41 at N_d=2; normalized by it, N_d=2 is 50% below linear" in seen(df)
     assert "slow spell" in seen(df)
     # without probes: the columns empty, the comparison as measured
-    bare = table([{**one, "host_probe": None}, {**two, "host_probe": None}])
+    bare = table([({}, {**one, "host_probe": None}), ({}, {**two, "host_probe": None})])
     assert bare.host_speed.isna().all() and "not recorded" in seen(bare)
 
 

@@ -259,3 +259,67 @@ def test_every_sheet_names_its_own_registry_entry():
         assert sheets.load_sheet(path)["table"] in (path.stem, "sweep"), path.name
     for name, artifact in REGISTRY.items():
         assert callable(resolve(artifact.table)) and (artifact.plot is None or callable(resolve(artifact.plot))), name
+
+
+def test_an_interleaved_group_runs_round_by_round_forward_then_back():
+    group = dict(source="measured", base=dict(model="tiny"), grid=dict(dp=[1, 2]), interleave=3)
+    trials = sheets.expand_group(group)
+    assert [(t["repeat"], t["dp"]) for t in trials] == [(1, 1), (1, 2), (2, 2), (2, 1), (3, 1), (3, 2)]
+    assert len({sheets.trial_id(t) for t in trials}) == 6 and all("-rep" in sheets.trial_id(t) for t in trials)
+
+
+@pytest.mark.parametrize(
+    ("group", "says"),
+    [
+        (dict(source="modelled", interleave=2), "times measured trials; this group is modelled"),
+        (dict(source="measured", interleave=1), "interleave=1; give the number of rounds, 2 or more"),
+        (dict(source="measured", interleave=True), "interleave=True; give the number of rounds"),
+        (dict(source="measured", interleave=2, cases=[dict(repeat=1)]), "drop the repeat field"),
+    ],
+)
+def test_a_bad_interleave_fails_naming_it(tmp_path, group, says):
+    with pytest.raises(ConfigError, match=says):
+        sheets.load_sheet(_sheet(tmp_path, [dict(base=dict(model="tiny"), **group)]))
+
+
+def test_an_interleaved_group_starts_each_run_as_run_trial_does(tmp_path, monkeypatch):
+    """One `zerobench run` per trial in the group's order, one intra-op thread per rank, the
+    launcher before a multi-rank trial only; a run that writes no record stops the job."""
+    from zerobench.sweeps import interleave
+
+    calls = []
+
+    def fake_run(cmd, env):
+        calls.append((cmd, env))
+        Path(cmd[cmd.index("--out") + 1]).write_text("{}")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(interleave.subprocess, "run", fake_run)
+    trials = sheets.expand_group(dict(source="measured", base=dict(model="tiny"), grid=dict(dp=[1, 2]), interleave=2))
+    paths = interleave.run_group(trials, tmp_path, "cpu", 300, "srun")
+    assert [p.stem for p in paths] == [sheets.trial_id(t) for t in trials]
+    # dp 1, 2 in round 1; 2, 1 in round 2; srun starts the two ranks of a dp-2 trial
+    one, two = [sys.executable, "-m", "zerobench.cli"], ["srun", "-n", "2"]
+    assert [c[:3] for c, _ in calls] == [one, two, two, one]
+    assert all(env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1" for _, env in calls)
+    assert all("--time-limit 300 --out" in " ".join(c) and "--dp" in c for c, _ in calls)
+    monkeypatch.setattr(interleave.subprocess, "run", lambda cmd, env: subprocess.CompletedProcess(cmd, 1))
+    with pytest.raises(RuntimeError, match="exited 1, record written: False"):
+        interleave.run_group(trials, tmp_path / "none", "cpu", 0, "")
+    with pytest.raises(ValueError, match="interleaved group's measured trials"):
+        interleave.run_group([dict(source="measured", model="tiny")], tmp_path, "cpu", 0, "")
+
+
+@pytest.mark.slow
+def test_an_interleaved_sheet_runs_and_compares_each_round(tmp_path):
+    """`zerobench sweep` on an interleaved group trains each trial once per round, then the
+    superlinear table pairs N_d 1 and 2 within each round."""
+    base = dict(model="tiny", precision="bf16", steps=1, warmup=1)
+    path = _sheet(tmp_path, [dict(source="measured", base=base, grid=dict(dp=[1, 2]), interleave=2)], "superlinear")
+    out = tmp_path / "runs"
+    assert cli.main(["sweep", str(path), "--group", "0", "--outdir", str(out), "--time-limit", "300"]) == 0
+    records = sorted(out.glob("*.json"))
+    assert len(records) == 4 and all(json.loads(p.read_text())["status"] == "ok" for p in records)
+    df = tables.build("superlinear", [str(out)], str(path))
+    best = df[df.kind == "best"].set_index("dp")
+    assert best.rounds[2] == 2 and best.vs_linear_low_pct[2] <= best.vs_linear_pct[2] <= best.vs_linear_high_pct[2]

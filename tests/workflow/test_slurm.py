@@ -89,6 +89,9 @@ def test_slurm_gpu_profile_plans_measured_sheets_at_their_world_sizes(tmp_path):
         assert shell.count("srun") == (world > 1), shell
         assert resources["tasks_per_gpu"] == "0" and resources["cpus_per_gpu"] == "8"
     assert len(jobs) >= 20 and {1, 2, 4, 64} <= worlds, sorted(worlds)  # fig1's sizes at least
+    # superlinear's interleaved group: one job holding its largest trial's GPUs, srun for each run
+    (block,) = out.stdout.split("rule run_interleaved:")[1:]
+    assert "gpu=2, tasks=2" in block and "--device cuda" in block and "--launcher 'srun'" in block, block
 
 
 # -- a real cluster -------------------------------------------------------------------------------

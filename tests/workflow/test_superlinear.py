@@ -20,11 +20,12 @@ def rec(stage: int, dp: int, b: int, tps: float | None, status: str = "ok") -> d
                 grad_bytes=states / 8, optimizer_bytes=states * 3 / 4)  # fmt: skip
 
 
-def sweep(z3_dp2_tokens: float) -> list[dict]:
-    return [
+def sweep(z3_dp2_tokens: float) -> list[tuple[dict, dict]]:
+    """(trial, record) pairs of a sheet run without rounds."""
+    return [({}, r) for r in [
         rec(0, 1, 2, 100.0), rec(0, 1, 4, None, "oom"), rec(0, 2, 2, 180.0), rec(0, 2, 4, None, "oom"),
         rec(3, 1, 2, 90.0), rec(3, 1, 4, None, "oom"), rec(3, 2, 2, 150.0), rec(3, 2, 4, z3_dp2_tokens),
-    ]  # fmt: skip
+    ]]  # fmt: skip
 
 
 def test_best_is_the_largest_micro_batch_that_fits_and_linear_is_from_one_rank():
@@ -51,12 +52,13 @@ def test_report_says_what_was_seen_either_way(tokens, words):
 
 
 def test_one_rank_points_far_apart_are_called_noise():
-    records = [r if (r["stage"], r["dp"], r["micro_batch"]) != (3, 1, 2) else rec(3, 1, 2, 40.0) for r in sweep(230)]
+    records = [(t, r if (r["stage"], r["dp"], r["micro_batch"]) != (3, 1, 2) else rec(3, 1, 2, 40.0))
+               for t, r in sweep(230)]  # fmt: skip
     assert "differ 2.5x: this run's timings are noisy" in superlinear.seen(superlinear.table(records))
 
 
 def test_a_stage_with_nothing_that_fits_is_said(tmp_path):
-    records = [r for r in sweep(230.0) if not (r["stage"] == 0 and r["dp"] == 2)]
+    records = [(t, r) for t, r in sweep(230.0) if not (r["stage"] == 0 and r["dp"] == 2)]
     df = superlinear.table(records)
     assert "baseline: no pair of points" in superlinear.seen(df)
     csv = tmp_path / "superlinear.csv"
@@ -64,3 +66,27 @@ def test_a_stage_with_nothing_that_fits_is_said(tmp_path):
     plot("superlinear", str(csv), str(tmp_path / "s.png"), "t")
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert pd.read_csv(csv).kind.tolist().count("best") == 3
+
+
+def test_rounds_compare_each_pair_within_its_round():
+    """Three interleaved rounds of stage 0: the host at 100 %, 60 % and 50 % of its speed. Each round's
+    N_d = 2 against twice the same round's N_d = 1: +10 %, -10 %, +10 %; the median is +10 %, where
+    the rounds' medians taken apart (110 against 2 x 60) would read -8 %. A micro-batch that fitted in
+    one round only is not a point."""
+    timed = {1: (100.0, 220.0), 2: (60.0, 108.0), 3: (50.0, 110.0)}
+    pairs = []
+    for rnd, (one, two) in timed.items():
+        fits4 = "ok" if rnd == 2 else "oom"
+        pairs += [({"repeat": rnd}, rec(0, 1, 2, one)), ({"repeat": rnd}, rec(0, 2, 2, two)),
+                  ({"repeat": rnd}, rec(0, 2, 4, 500.0 if rnd == 2 else None, fits4))]  # fmt: skip
+    df = superlinear.table(pairs)
+    best = df[df.kind == "best"].set_index("dp")
+    assert best.micro_batch[2] == 2 and best.rounds[2] == 3
+    assert best.vs_linear_pct[2] == pytest.approx(10.0)
+    assert (best.vs_linear_low_pct[2], best.vs_linear_high_pct[2]) == pytest.approx((-10.0, 10.0))
+    assert best.ours[2] == 110.0 and best.expected[2] == 120.0  # the medians, as measured
+    assert "Over 3 rounds, each pair timed back to back: from -10% to +10% against linear, median +10%" in (
+        superlinear.seen(df)
+    )
+    trials = df[df.kind == "trial"]
+    assert len(trials) == 9 and "baseline N_d=2 b=4 round 2" in trials.key.tolist()

@@ -40,7 +40,7 @@ REGISTRY: dict[str, Artifact] = {
     "table2": Artifact(_PT + "table2", _P + "table2", joins_trials=True),
     "fig2": Artifact(_PT + "fig2", _P + "fig2", joins_trials=True),
     "fig3": Artifact(_PT + "fig3", _S + "fig3", joins_trials=True),
-    "superlinear": Artifact("zerobench.artifacts.superlinear:table", _S + "superlinear"),
+    "superlinear": Artifact("zerobench.artifacts.superlinear:table", _S + "superlinear", joins_trials=True),
     "fig5": Artifact(_PT + "fig5", _P + "fig5", (8, 5), joins_trials=True),
     "fig6": Artifact(_PT + "fig6", _P + "fig6", (8, 5), joins_trials=True),
     "fig7": Artifact(_PT + "fig7", _P + "fig7", (8, 5), joins_trials=True),

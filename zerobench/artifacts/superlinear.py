@@ -4,12 +4,16 @@ micro-batch that fits the budget. ZeRO's partitioning frees memory per rank as N
 freed memory takes a larger micro-batch, and a larger micro-batch runs each rank more efficiently;
 whether that outweighs the added communication is what the table shows.
 
+Rounds: the sheet runs its trials interleaved (`interleave`, sweeps/interleave.py), each once per
+round, so N_d = 1 and N_d = 2 are timed back to back in every round. Each round's pair is compared
+within the round, and the table gives the median of those comparisons and their range; a record
+with no round (a sheet run without interleaving) is one round.
+
 The host's speed beside each trial (runtime/probe.py): the table is handed no profile, so each
 trial's probe is compared with the geometric mean of every probe of the sweep (`host_speed`, 1 =
-the sweep's typical speed). A pair's comparison needs both points taken at the same speed, and the
-ratio of two trials' speeds is the same whatever they are compared with: `vs_linear_normalized_pct`
-compares tokens/s divided by each trial's host speed. A trial more than SLOW_SPELL slower than the
-sweep's typical is `slow_spell`. Records without a probe leave these columns empty. No torch import."""
+the sweep's typical speed). `vs_linear_normalized_pct` compares tokens/s divided by each trial's
+host speed. A trial more than SLOW_SPELL slower than the sweep's typical is `slow_spell`. Records
+without a probe leave these columns empty. No torch import."""
 
 from __future__ import annotations
 
@@ -22,56 +26,75 @@ from zerobench.runtime.probe import SLOW_SPELL, slow_spell
 # Two timings of the same work that differ by more than this factor mark the run as too noisy to
 # size the effect (stage 3 at N_d = 1 partitions nothing: its step is stage 0's plus hook overhead).
 NOISE = 1.25
+POINT = ["stage", "dp", "micro_batch"]
 
 
-def table(records: list[dict]) -> pd.DataFrame:
-    """Per stage and N_d the trial at the largest micro-batch that trained within the budget (kind
-    `best`), with the perfect-linear reference from that stage's one-rank point (expected = N_d x
-    tokens/s at N_d = 1); then one row per trial (kind `trial`), oom rows included. Roles
-    (artifacts/common.py): the one-rank `best` rows are the `reference` the others are compared
-    with, the other `best` rows are `judged`, and each trial row is `judged` (none has an error:
-    there is no paper number at this scale)."""
-    rows = [
-        dict(
-            key=f"{STAGE_LABELS[r['stage']]} N_d={r['dp']} b={r['micro_batch']}",
-            kind="trial",
-            source=r["source"],
-            status=r["status"],
-            error=r.get("error"),
-            stage=r["stage"],
-            dp=r["dp"],
-            micro_batch=r["micro_batch"],
-            tokens_per_s=r.get("tokens_per_s") if r["status"] == "ok" else None,
-            step_time_s=r.get("step_time_s"),
-            rss_growth_bytes=r.get("rss_growth_bytes"),
-            mem_cap_bytes=r.get("mem_cap_bytes"),
+def _trial_rows(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
+    """One row per record (kind `trial`, role `judged`), oom rows included, with its round."""
+    rows = []
+    for trial, r in pairs:
+        rnd = trial.get("repeat")
+        point = f"{STAGE_LABELS[r['stage']]} N_d={r['dp']} b={r['micro_batch']}"
+        rows.append(dict(
+            key=f"{point} round {rnd}" if rnd else point, kind="trial", source=r["source"], status=r["status"],
+            error=r.get("error"), stage=r["stage"], dp=r["dp"], micro_batch=r["micro_batch"], repeat=rnd or 1,
+            tokens_per_s=r.get("tokens_per_s") if r["status"] == "ok" else None, step_time_s=r.get("step_time_s"),
+            rss_growth_bytes=r.get("rss_growth_bytes"), mem_cap_bytes=r.get("mem_cap_bytes"),
             model_state_bytes=sum(r.get(f) or 0 for f in ("param_bytes", "grad_bytes", "optimizer_bytes")) or None,
             num_params=r.get("num_params"),
-        )
-        for r in records
-    ]
+        ))  # fmt: skip
+    records = [r for _, r in pairs]
     sweep = [reading for r in records if r["status"] == "ok" for reading in r.get("host_probe") or []]
     for row, speed in zip(rows, run_speeds(records, sweep), strict=True):
         row.update(host_speed=speed, slow_spell=slow_spell(speed))
-    trials = pd.DataFrame(rows).sort_values(["stage", "dp", "micro_batch"], ignore_index=True)
+    trials = pd.DataFrame(rows).sort_values([*POINT, "repeat"], ignore_index=True)
     trials["ours"] = trials.tokens_per_s  # aggregate tokens/s of every trial that fitted
     trials["role"] = "judged"
-    fits = trials[trials.status == "ok"]
-    best = fits.loc[fits.groupby(["stage", "dp"]).micro_batch.idxmax()].copy()
+    return trials
+
+
+def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
+    """(trial, record) pairs -> per stage and N_d the point at the largest micro-batch that trained
+    within the budget in every round (kind `best`: medians over the rounds), with the perfect-linear
+    reference from that stage's one-rank point (expected = N_d x its median tokens/s); then one row
+    per record (kind `trial`). `vs_linear_pct`: the median over rounds of each round's tokens/s
+    against N_d x the same round's one-rank tokens/s, `vs_linear_low_pct`/`_high_pct` their range.
+    Roles (artifacts/common.py): the one-rank `best` rows are the `reference` the others are
+    compared with, the other `best` rows and every trial row are `judged` (none has an error: there
+    is no paper number at this scale)."""
+    trials = _trial_rows(pairs)
+    fits_every_round = trials.groupby(POINT).status.agg(lambda s: bool((s == "ok").all()))
+    largest = fits_every_round[fits_every_round].reset_index().groupby(["stage", "dp"]).micro_batch.max()
+    runs = trials.join(largest.rename("best_batch"), on=["stage", "dp"])
+    runs = runs[runs.micro_batch == runs.best_batch].copy()  # each round's run of each best point
+    runs["normalized"] = runs.tokens_per_s / pd.to_numeric(runs.host_speed, errors="coerce")
+    one = runs[runs.dp == 1].set_index(["stage", "repeat"])
+    for col in ("tokens_per_s", "normalized"):  # this round's tokens/s against N_d x the same round's one rank
+        base = [one[col].get((s, r), float("nan")) * d for s, r, d in zip(runs.stage, runs.repeat, runs.dp)]
+        runs[f"ratio_{col}"] = runs[col] / base
+    best = runs.groupby(["stage", "dp"], as_index=False).agg(
+        key=("key", "first"), source=("source", "first"), status=("status", "first"), error=("error", "first"),
+        micro_batch=("micro_batch", "first"), tokens_per_s=("tokens_per_s", "median"),
+        step_time_s=("step_time_s", "median"), rss_growth_bytes=("rss_growth_bytes", "max"),
+        mem_cap_bytes=("mem_cap_bytes", "first"), model_state_bytes=("model_state_bytes", "first"),
+        num_params=("num_params", "first"), host_speed=("host_speed", "median"), slow_spell=("slow_spell", "any"),
+        rounds=("repeat", "nunique"), ratio=("ratio_tokens_per_s", "median"), low=("ratio_tokens_per_s", "min"),
+        high=("ratio_tokens_per_s", "max"), tokens_per_s_normalized=("normalized", "median"),
+        ratio_normalized=("ratio_normalized", "median"),
+    )  # fmt: skip
     best["kind"] = "best"
+    best["ours"] = best.tokens_per_s
     best["role"] = ["reference" if d == 1 else "judged" for d in best.dp]  # linear is N_d x the one-rank point
     best["key"] = [f"{STAGE_LABELS[s]} N_d={d}: largest micro-batch that fits" for s, d in zip(best.stage, best.dp)]
     one_rank = best[best.dp == 1].set_index("stage").tokens_per_s
     best["expected"] = [one_rank.get(s, float("nan")) * d for s, d in zip(best.stage, best.dp)]
     best["per_rank_tokens_per_s"] = best.tokens_per_s / best.dp
     # Above 0: superlinear (faster than N_d copies of the one-rank point); below 0: sublinear.
-    best["vs_linear_pct"] = 100 * (best.ours - best.expected) / best.expected
-    # tokens/s on the host at the sweep's typical speed: a trial at speed 0.8 ran 0.8x what it would have
-    best["tokens_per_s_normalized"] = best.tokens_per_s / pd.to_numeric(best.host_speed, errors="coerce")
-    one_norm = best[best.dp == 1].set_index("stage").tokens_per_s_normalized
-    linear = [one_norm.get(s, float("nan")) * d for s, d in zip(best.stage, best.dp, strict=True)]
-    best["vs_linear_normalized_pct"] = 100 * (best.tokens_per_s_normalized - linear) / linear
-    best["reference"] = "perfect linear: N_d x tokens/s at N_d = 1, same stage and budget"
+    for col, ratio in (("vs_linear_pct", "ratio"), ("vs_linear_low_pct", "low"), ("vs_linear_high_pct", "high"),
+                       ("vs_linear_normalized_pct", "ratio_normalized")):  # fmt: skip
+        best[col] = 100 * (best[ratio] - 1)
+    best = best.drop(columns=["ratio", "low", "high", "ratio_normalized"])
+    best["reference"] = "perfect linear: N_d x tokens/s at N_d = 1, same stage, budget and round"
     best["error_pct"] = None  # no paper number at this scale: vs_linear_pct is the result, not an error
     return pd.concat([best, trials], ignore_index=True)
 
@@ -92,6 +115,11 @@ def seen(df: pd.DataFrame) -> str:
             f"at micro-batch {b.micro_batch:g} runs {b.ours:.0f} tokens/s, {abs(b.vs_linear_pct):.0f}% {way} the "
             f"linear {b.expected:.0f} ({b.per_rank_tokens_per_s:.0f} per rank against {a.ours:.0f})."
         )
+        if b.rounds > 1:
+            lines.append(
+                f"Over {b.rounds:g} rounds, each pair timed back to back: from {b.vs_linear_low_pct:+.0f}% to "
+                f"{b.vs_linear_high_pct:+.0f}% against linear, median {b.vs_linear_pct:+.0f}%."
+            )
         lines.append(_host(a, b))
     top = best[best.dp == best.dp.max()].set_index("stage")
     one_rank = best[best.dp == 1].set_index("stage").ours

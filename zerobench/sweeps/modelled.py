@@ -3,6 +3,8 @@
 of a thousand trials costs about what one process does.
 
     zerobench sweep SHEET --group N [--smoke] --outdir DIR   # DIR/<trial id>.json per trial
+
+The same command runs an interleaved measured group (sweeps/interleave.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from zerobench.fields import defaults
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.results import write_record
-from zerobench.sweeps import sheets
+from zerobench.sweeps import interleave, sheets
 from zerobench.sweeps.search import run_under_policy
 from zerobench.trial import TrialSpec, new_record
 
@@ -66,8 +68,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     picked = range(len(groups)) if args.group is None else [args.group]
     if any(not 0 <= g < len(groups) for g in picked):
         raise ConfigError(f"group={args.group}: the sheet has groups 0-{len(groups) - 1}")
-    trials = [t for g in picked for t in groups[g] if t["source"] == "modelled"]
     Path(args.outdir).mkdir(parents=True, exist_ok=True)
+    if args.group is not None and sheet["trials"][args.group].get("interleave"):
+        paths = interleave.run_group(groups[args.group], args.outdir, args.device, args.time_limit, args.launcher)
+        print(f"{len(paths)} measured records in {args.outdir}")
+        return 0
+    trials = [t for g in picked for t in groups[g] if t["source"] == "modelled"]
     paths = model_group(trials, args.outdir)
     print(f"{len(paths)} modelled records in {args.outdir}")
     return 0
@@ -78,4 +84,7 @@ def sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", type=int, help="the group's index in the sheet (default: every modelled group)")
     p.add_argument("--smoke", action="store_true", help="apply the groups' smoke overrides")
     p.add_argument("--outdir", required=True, help="one record per trial goes here, as <trial id>.json")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="an interleaved group's device")
+    p.add_argument("--time-limit", type=float, default=0, help="an interleaved group: wall seconds per run (0: none)")
+    p.add_argument("--launcher", default="", help="an interleaved group: what starts a trial's ranks (srun)")
     p.set_defaults(fn=cmd_sweep)

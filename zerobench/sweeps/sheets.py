@@ -6,6 +6,11 @@ A group is `source` (measured, traced or modelled) with `base` fields, optional 
 of field mappings, each laid over `base`: points that differ in several fields at once, like the
 paper's per-size runs) and an optional `grid` (field -> values, the cartesian product over each
 case). Unknown fields fail here, naming the field, before any trial runs.
+
+A measured group with `interleave: R` runs as one job (zerobench/sweeps/interleave.py): its trials
+in R rounds, each trial once per round as `repeat` r, the order reversed every other round. Points
+that a table compares (N_d 1 against 2) are then timed seconds apart, in every round, so a slow
+spell of the host falls on both; the table compares each round's points with each other.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from zerobench.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, takes
 
 SHEET_DIR = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
 SCHEMA = SHEET_DIR.parents[1] / "schemas" / "sheet.schema.yaml"
-GROUP_KEYS = ("source", "base", "cases", "grid", "smoke")
+GROUP_KEYS = ("source", "base", "cases", "grid", "smoke", "interleave")
 
 
 def _check_fields(fields, where: str) -> None:
@@ -45,10 +50,24 @@ def check_sheet(sheet: dict, name: str) -> None:
         _check_fields(group.get("grid", {}), f"{where}, grid")
         for j, case in enumerate(group.get("cases") or []):
             _check_fields(case, f"{where}, case {j}")
+        _check_interleave(group, where)
         smoke = group.get("smoke")
         if isinstance(smoke, dict):
             for part in ("base", "grid"):
                 _check_fields(smoke.get(part, {}), f"{where}, smoke {part}")
+
+
+def _check_interleave(group: dict, where: str) -> None:
+    rounds = group.get("interleave")
+    if rounds is None:
+        return
+    if group["source"] != "measured":
+        raise ConfigError(f"{where}: interleave={rounds!r} times measured trials; this group is {group['source']}")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 2:
+        raise ConfigError(f"{where}: interleave={rounds!r}; give the number of rounds, 2 or more")
+    parts = [group.get("base", {}), group.get("grid", {}), *(group.get("cases") or [])]
+    if any("repeat" in part for part in parts):
+        raise ConfigError(f"{where}: interleave sets each trial's repeat (its round); drop the repeat field")
 
 
 def load_sheet(name_or_path: str | Path) -> dict:
@@ -81,6 +100,9 @@ def expand_group(group: dict, smoke: bool = False) -> list[dict]:
     for case in group.get("cases") or [{}]:
         for combo in product(*grid.values()):
             trials.append(dict(source=group["source"], **{**base, **case, **dict(zip(grid, combo, strict=True))}))
+    rounds = group.get("interleave")
+    if rounds:  # the order they run in: forward, back, forward..., so a steady drift weighs on each alike
+        return [dict(t, repeat=r) for r in range(1, rounds + 1) for t in (trials if r % 2 else trials[::-1])]
     return trials
 
 
