@@ -175,6 +175,8 @@ wildcard_constraints:
 # alone moves their losses by 2-3e-4 within 10 steps. Stage 3 holds a bucket whose next use is
 # under 64 MiB of gathers ahead (`reuse_mb`, zero/gather.py), as DeepSpeed's default
 # stage3_max_reuse_distance (1e9 parameters) does; the engine's own default is 0, the paper's 3Ψ.
+# Every row runs in `rounds` interleaved rounds (order reversed every other round), ratios taken
+# within each round: ours and each peer see the host's slow spells alike (zerobench/peers/runner.py).
 # `in_report` adds the table to REPORT.md.
 PEERS = {
     "model": "tiny" if config.get("smoke") else "cpu-100m",
@@ -184,6 +186,7 @@ PEERS = {
     "steps": 2 if config.get("smoke") else 8,
     "clip_norm": 0.0,
     "reuse_mb": 64,
+    "rounds": 1 if config.get("smoke") else 2,
     "in_report": False,
     **config.get("peers", {}),
 }

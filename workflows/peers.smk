@@ -25,7 +25,8 @@ rule peers:
         steps=PEERS["steps"],
         clip_norm=PEERS["clip_norm"],
         reuse_mb=PEERS["reuse_mb"],
+        rounds=PEERS["rounds"],
     shell:
         "python -m zerobench.cli peers --model {params.model} --dp {params.dp} "
         "--micro-batch {params.micro_batch} --warmup {params.warmup} --steps {params.steps} "
-        "--clip-norm {params.clip_norm} --reuse-mb {params.reuse_mb} --out {output.table} --figure {output.figure} > {log} 2>&1"
+        "--clip-norm {params.clip_norm} --reuse-mb {params.reuse_mb} --rounds {params.rounds} --out {output.table} --figure {output.figure} > {log} 2>&1"

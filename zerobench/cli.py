@@ -176,7 +176,7 @@ def cmd_peers(args) -> int:
     if unknown:
         raise ConfigError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
     spec = TrialSpec(model, parallel, precision, train, timeout_s=args.timeout)
-    rows = run_peers(spec, impls)
+    rows = run_peers(spec, impls, rounds=args.rounds)
     write_csv(rows, args.out)
     if args.figure:
         plot_peers(args.out, args.figure)
@@ -232,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
     peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
     trial_args(peers, "peers")
     peers.add_argument("--impls", help="comma-separated implementations (default: all, or those of --stage)")
+    peers.add_argument("--rounds", type=int, default=1, help="run every row this many times, interleaved (medians)")
     peers.add_argument("--out", default="results/peers.csv", help="CSV to write")
     peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
     peers.set_defaults(fn=cmd_peers)

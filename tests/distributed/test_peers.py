@@ -14,7 +14,6 @@ from tests.engine_cases import reference_run, spec_for
 from tests.worlds import spawned
 from zerobench import cli
 from zerobench.artifacts import report
-from zerobench.parallel.comms import Comms
 from zerobench.peers import harness, runner, summary
 from zerobench.peers.harness import CollectiveObserver, Unavailable, train_on_rank
 
@@ -35,11 +34,9 @@ def _all_in_one_world(rank, spec, impls):
         losses = torch.tensor(r["losses"], dtype=torch.float64)
         dist.all_reduce(losses)
         ledger = r["trainer"].comms.ledger.as_dict() if impl.startswith("ours") else None
-        replay = Comms()
-        seconds = r["trainer"].collective_seconds(replay) if impl.startswith("ours") else None
         out[impl] = {
-            "replay": replay.ledger.as_dict(),
-            "replay_seconds": seconds,
+            "replay": r["trainer"].replay_comms.ledger.as_dict() if impl.startswith("ours") else None,
+            "replay_seconds": r["collective_s"],
             "losses": (losses / dist.get_world_size()).tolist(),
             "comm": harness.timed_collectives(r["trainer"], observer),
             "observed": dict(observer.counts),
@@ -88,17 +85,17 @@ def test_observer_agrees_with_our_ledger(tiny_world):
 
 
 def test_the_bound_replays_our_collectives_without_compute(tiny_world):
-    """Each of our stages issues its timed steps' collectives again after them — the same ops,
-    groups, calls and bytes, one step's worth as a warm-up and then every timed step's — and
-    times each step: nothing else is on that ledger, and every step took time."""
+    """Each of our stages issues every step's collectives again right after it — the same ops,
+    groups, calls and bytes, the warm-up steps' untimed — and times each timed step's: nothing else
+    is on that ledger, and every step took time."""
     spec, out = tiny_world
-    steps = spec.train.steps
+    steps, warmup = spec.train.steps, spec.train.warmup
     for impl in ("ours-0", "ours-1", "ours-2", "ours-3"):
         ledger, replay, seconds = (out[0][impl][k] for k in ("ledger", "replay", "replay_seconds"))
         assert set(replay) == set(ledger), impl
         for key, e in ledger.items():
             for field in ("calls", "bytes", "volume_bytes"):
-                assert replay[key][field] == pytest.approx(e[field] * (steps + 1) / steps), (impl, key, field)
+                assert replay[key][field] == pytest.approx(e[field] * (steps + warmup) / steps), (impl, key, field)
         assert len(seconds) == steps and min(seconds) > 0, impl
 
 
@@ -229,3 +226,41 @@ def test_deepspeed_smoke_comparison(tmp_path):
     assert ds["time_ratio_ours_over"] > 0 and ds["rss_ratio_ours_over"] > 0
     runner.write_csv(rows, tmp_path / "peers.csv")
     assert "deepspeed-3" in summary.peers_markdown(tmp_path / "peers.csv")
+
+
+def test_rounds_interleave_every_row_and_take_each_ratio_within_its_round(monkeypatch):
+    """Three rounds, the order reversed in the second. The floor reads 1.0, 2.0, 1.0 s and ours-0
+    1.2, 2.6, 1.5 s: ours over the floor is 1.2, 1.3, 1.5 within the rounds, median 1.3 (the ratio
+    of the medians would say 1.5). A row failed in any round is that failed row."""
+    times = {"floor": [1.0, 2.0, 1.0], "floor-concurrent": [1.1, 2.2, 1.1], "ours-0": [1.2, 2.6, 1.5],
+             "ddp": [2.0, 4.0, 2.0]}  # fmt: skip
+    calls = []
+
+    def fake(name, family="torch", stage=0, collective=None):
+        n = sum(c == name for c in calls)
+        calls.append(name)
+        row = {**_row(name, stage, times[name][n], 100 + n, [1.0, 0.5], family=family),
+               "collective_s_per_step": collective}  # fmt: skip
+        return {**row, "status": "error", "error": "boom"} if name == "ddp" and n == 1 else row
+
+    monkeypatch.setattr(runner, "run_floor", lambda spec, log: fake("floor", "floor", None))
+    monkeypatch.setattr(
+        runner, "run_floor_concurrent", lambda spec, log: fake("floor-concurrent", "floor-concurrent", None)
+    )
+    monkeypatch.setattr(
+        runner, "run_one", lambda impl, spec, log: fake(impl, *(("zerobench", 0, 0.1) if impl == "ours-0" else ()))
+    )
+    rows = runner.run_peers(spec_for("awkward", dp=2), ["ours-0", "ddp"], log=lambda _: None, rounds=3)
+    forward = ["floor", "floor-concurrent", "ours-0", "ddp"]
+    assert calls == forward + forward[::-1] + forward
+    by = {r["impl"]: r for r in rows}
+    assert [r["impl"] for r in rows] == ["floor", "floor-concurrent", "bound", "ours-0", "ddp"]
+    ours = by["ours-0"]
+    assert ours["rounds"] == 3 and ours["step_time_s"] == 1.5 and ours["time_over_floor"] == pytest.approx(1.3)
+    assert json.loads(ours["time_over_floor_rounds"]) == pytest.approx([1.2, 1.3, 1.5])
+    # each round's bound is that round's floor plus ours' collectives: 1.1, 2.1, 1.1
+    assert json.loads(ours["time_over_bound_rounds"]) == pytest.approx([1.2 / 1.1, 2.6 / 2.1, 1.5 / 1.1])
+    assert ours["step_time_min_s"] == pytest.approx(1.2 * 0.9) and ours["peak_rss_bytes"] == 102
+    assert (by["ddp"]["status"], by["ddp"]["error"]) == ("error", "boom")
+    with pytest.raises(ValueError, match="rounds=0"):
+        runner.run_peers(spec_for("awkward", dp=2), ["ddp"], rounds=0)

@@ -11,7 +11,12 @@ implementation's step time is also shown over both. Per stage a `bound` row: the
 seconds our engine's collectives at that stage take with no compute (the same ops, message sizes
 and calls per step, from its ledger, issued again after its timed steps in the same spawned world;
 ours.py): on a CPU host the ranks' compute and gloo share the cores, so this is what this
-machine allows that stage's communication to cost. Every step time is shown over its stage's bound."""
+machine allows that stage's communication to cost. Every step time is shown over its stage's bound.
+
+Rounds (`--rounds R`): the floors and every implementation run R times, the order reversed every
+other round, so a slow spell of a shared host falls on the rows compared with each other. Each
+round's ratios are taken within the round; a row gives the median over the rounds of its step
+times and of its ratios, and each round's ratio to the floor and to its bound."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 
 from zerobench import trial
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
@@ -34,6 +40,12 @@ COLUMNS = (
     "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "time_over_floor_concurrent",
     "collective_s_per_step", "time_over_bound", "note",
     "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after", "host_probe", "host_speed",
+    "rounds", "time_over_floor_rounds", "time_over_bound_rounds",
+)  # fmt: skip
+# Per-round values a merged row gives as the median over its rounds (min and max: the extremes).
+_MEDIAN = (
+    "step_time_s", "step_time_iqr_s", "collective_s_per_step", "time_over_floor", "time_over_floor_concurrent",
+    "time_over_bound", "time_ratio_ours_over", "rss_ratio_ours_over", "host_speed",
 )  # fmt: skip
 
 
@@ -163,13 +175,49 @@ def compare(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def run_peers(spec, impls=None, log=print) -> list[dict]:
-    """The floor rows, then one row per implementation, in order, each stage's bound before ours."""
+def run_peers(spec, impls=None, log=print, rounds: int = 1) -> list[dict]:
+    """The floor rows, then one row per implementation, in order, each stage's bound before ours;
+    with `rounds` > 1 each run that many times, interleaved, and merged (`merge_rounds`)."""
     impls = list(impls or IMPLEMENTATIONS)
     for impl in impls:
         family(impl)  # an unknown name fails before anything runs
-    floors = [run_floor(spec, log), run_floor_concurrent(spec, log)]
-    return compare(with_bounds(floors + [run_one(impl, spec, log) for impl in impls]))
+    if rounds < 1:
+        raise ValueError(f"rounds={rounds}: run each row at least once")
+    runs = [lambda: run_floor(spec, log), lambda: run_floor_concurrent(spec, log)]
+    runs += [lambda impl=impl: run_one(impl, spec, log) for impl in impls]
+    each = []
+    for r in range(rounds):
+        if rounds > 1:
+            log(f"-- round {r + 1} of {rounds}")
+        order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
+        rows = {i: runs[i]() for i in order}
+        each.append(compare(with_bounds([rows[i] for i in range(len(runs))])))
+    return merge_rounds(each)
+
+
+def merge_rounds(each: list[list[dict]]) -> list[dict]:
+    """One row per row of the first round, from that row in every round (matched by implementation
+    and stage): the medians of `_MEDIAN`, the extremes of the step's min and max, the largest
+    peak RSS, the first round's losses and bytes (the same every round), and each round's ratio to
+    the floor and to its bound. A row that failed in any round is that round's failed row."""
+    merged = []
+    for first in each[0]:
+        same = [next(r for r in rows if (r["impl"], r["stage"]) == (first["impl"], first["stage"])) for rows in each]
+        failed = next((r for r in same if r["status"] != "ok"), None)
+        row = dict(failed or first, rounds=len(each))
+        if failed is None:
+            for col in _MEDIAN:
+                values = [r[col] for r in same if r.get(col) is not None]
+                row[col] = statistics.median(values) if values else None
+            row["step_time_min_s"] = min(r["step_time_min_s"] for r in same)
+            row["step_time_max_s"] = max(r["step_time_max_s"] for r in same)
+            row["peak_rss_bytes"] = max(r["peak_rss_bytes"] or 0 for r in same) or None
+            row["loadavg_before"] = min(r["loadavg_before"] for r in same)
+            row["loadavg_after"] = max(r["loadavg_after"] for r in same)
+            for col in ("time_over_floor", "time_over_bound"):
+                row[f"{col}_rounds"] = json.dumps([r.get(col) for r in same])
+        merged.append(row)
+    return merged
 
 
 def write_csv(rows: list[dict], path) -> None:

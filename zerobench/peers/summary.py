@@ -40,9 +40,9 @@ def peers_markdown(csv_path) -> str:
         f"Measured on one machine, one implementation at a time: `{first['model']}` "
         f"({first['num_params'] / 1e6:.1f}M parameters), dp = {first['dp']}, {first['precision']}, "
         f"global batch {first['global_batch']}, {first['threads_per_rank']} thread per rank, median of "
-        f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}. The floor is one rank at "
-        f'the same per-rank batch with no communication (our engine at dp = 1); "/ floor" is each step time '
-        f"over it. The concurrent floor is {first['dp']} such ranks stepping at once, each alone, sharing the "
+        f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}{_rounds(first)}. The floor is "
+        f'one rank at the same per-rank batch with no communication (our engine at dp = 1); "/ floor" is each step '
+        f"time over it. The concurrent floor is {first['dp']} such ranks stepping at once, each alone, sharing the "
         f'machine as the ranks of a world do; "/ conc." is each step time over it. A stage\'s bound is the floor '
         f"plus our engine's collectives at that stage (the same ops, message sizes and calls per step, from its "
         f"ledger) issued again with no compute in the same world, timed: on a CPU host compute and gloo share the "
@@ -81,6 +81,16 @@ def _clipping(row) -> str:
     if clip is None or clip != clip:  # a CSV written before the column existed
         return "gradient clipping as configured"
     return f"gradient-norm clipping at {clip:g}" if clip > 0 else "no gradient clipping"
+
+
+def _rounds(row) -> str:
+    rounds = row.get("rounds")
+    if rounds is None or rounds != rounds or rounds < 2:  # one round, or a CSV from before rounds
+        return ""
+    return (
+        f"; every row run in {rounds:g} interleaved rounds (the order reversed every other round), each ratio "
+        "taken within its round and the median over the rounds shown"
+    )
 
 
 def _order(col):
