@@ -6,8 +6,8 @@ The harness times whole optimizer steps (median and spread over the timed steps)
 loss of every step averaged over DP ranks, the peak resident set of each rank (VmHWM: the
 high-water mark of this process's own address space, so the launcher's memory is not counted),
 and the collective bytes each implementation issues, observed at torch.distributed's Python API.
-For ours it also times each step's collectives issued again with no compute, right after the step,
-in the same world (ours.py, `replay_step`).
+For ours it also times the timed steps' collectives issued again with no compute, after them in
+the same world (ours.py, `collective_seconds`).
 """
 
 from __future__ import annotations
@@ -140,23 +140,17 @@ def train_on_rank(impl: str, spec, observer: CollectiveObserver | None = None) -
     Returns this rank's losses (every step), step times (timed steps) and base RSS."""
     base_rss = _read_status_kib("VmRSS") * 1024
     trainer = family(impl).build(impl, spec)
-    replay = getattr(trainer, "replay_step", None)  # ours: the bound row's collectives, after each step
-    losses, times, replays = [], [], []
+    losses, times = [], []
     for step in range(spec.train.warmup + spec.train.steps):
-        timed = step >= spec.train.warmup
         if observer is not None:
-            observer.active = timed  # count the timed steps only
+            observer.active = step >= spec.train.warmup  # count the timed steps only
         t0 = time.perf_counter()
         losses.append(trainer.step(step))
-        if timed:
+        if step >= spec.train.warmup:
             times.append(time.perf_counter() - t0)
-        if observer is not None:
-            observer.active = False
-        if replay is not None:  # a warm-up step's replay warms the replay's buffers
-            seconds = replay()
-            replays += [seconds] if timed else []
-    return {"losses": losses, "times": times, "base_rss": base_rss, "note": trainer.note, "trainer": trainer,
-            "collective_s": replays or None}  # fmt: skip
+    if observer is not None:
+        observer.active = False
+    return {"losses": losses, "times": times, "base_rss": base_rss, "note": trainer.note, "trainer": trainer}
 
 
 def timed_collectives(trainer, observer: CollectiveObserver) -> dict:
@@ -173,6 +167,8 @@ def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
     observer = CollectiveObserver()  # before DeepSpeed binds torch.distributed's functions
     out = train_on_rank(impl, spec, observer)
     peak = _read_status_kib("VmHWM") * 1024
+    replay = getattr(out["trainer"], "collective_seconds", None)  # ours: the bound row's collectives
+    collective_s = replay() if replay is not None else None
     loss_t = torch.tensor(out["losses"], dtype=torch.float64)
     dist.all_reduce(loss_t)
     loss_t /= world
@@ -186,7 +182,7 @@ def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
         "peak_rss": [p for p, _ in per_rank],
         "base_rss": [b for _, b in per_rank],
         "comm": timed_collectives(out["trainer"], observer),
-        "collective_s": out["collective_s"],
+        "collective_s": collective_s,
         "note": out["note"],
     }
 

@@ -1,7 +1,7 @@
 """Our engine in the comparison: `zerobench.runtime.train.build_engine` and `train_steps`, exactly the path
-a `zerobench run` trial takes. After each step it issues that step's collectives again with no
-compute (`replay_step`): what this machine's gloo costs per step at that stage, the `bound` row's
-share over the floor (runner.py), read beside the step it bounds."""
+a `zerobench run` trial takes. After its timed steps it issues their collectives again with no
+compute (`collective_seconds`): what this machine's gloo costs per step at that stage, the
+`bound` row's share over the floor (runner.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ class Trainer:
         self.ctx = topology.single_process() if one else topology.build(spec.parallel.dp, spec.parallel.mp)
         self.comms = Comms(CallLedger())
         self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device("cpu"))
-        self.replay_comms, self._buffers, self._last_calls = Comms(), {}, []
         self.note = f"bucket_bytes={spec.parallel.bucket_bytes}" + (
             f", reuse_bytes={spec.parallel.reuse_bytes}" if self.spec.parallel.stage == 3 else ""
         )
@@ -62,10 +61,7 @@ class Trainer:
     def step(self, step: int) -> float:
         if step == self.spec.train.warmup:
             self.comms.ledger.reset()  # from here on the ledger counts the timed steps only
-        first = len(self.comms.ledger.calls)
-        loss = train_steps(self.engine, self.spec, self.ctx, 1, first_step=step)[0]
-        self._last_calls = self.comms.ledger.calls[first:]
-        return loss
+        return train_steps(self.engine, self.spec, self.ctx, 1, first_step=step)[0]
 
     def timed_collectives(self) -> dict:
         """Calls and message bytes per op of the timed steps, from our ledger."""
@@ -76,45 +72,51 @@ class Trainer:
             entry["bytes"] += e.bytes
         return out
 
-    def replay_step(self) -> float:
-        """Seconds this rank takes to issue the last step's collectives again with no compute:
-        every call as the step issued it (op, group, message size, element size), in order, each
-        waited for before the next, on buffers made beforehand, through a Comms of its own
-        (`replay_comms`: the same realization on gloo; its ledger counts the replays). The harness
-        calls it right after each step, outside the step's timing, so the bound sees the host as
-        the step did. The ranks meet at a barrier first. This rank's clock; a world whose groups
-        are all of one rank issues nothing: 0."""
-        calls = self._last_calls
+    def collective_seconds(self, comms: Comms | None = None) -> list[float]:
+        """Seconds per timed step of that step's collectives issued again with no compute: every
+        call as the step issued it (op, group, message size, element size), in order, each waited
+        for before the next, on buffers made beforehand, through our Comms (the same realization
+        on gloo). One step's calls first as a warm-up; the ranks meet at a barrier before each
+        step. This rank's clock. A world whose groups are all of one rank issues nothing: zeros.
+        `comms`: what to issue them through (default a fresh Comms; its ledger counts the replay)."""
+        calls, steps = self.comms.ledger.calls, self.spec.train.steps
         if not calls:
-            return 0.0
+            return [0.0] * steps
+        if len(calls) % steps:
+            raise RuntimeError(f"{len(calls)} collectives over {steps} timed steps: not the same calls every step")
+        per = len(calls) // steps
         groups = {g.name: g for g in (self.ctx.dp, self.ctx.mp, self.ctx.world)}
-        issues = [self._replay_call(groups[group], op, numel, elem_bytes) for op, group, numel, elem_bytes in calls]
-        if self.ctx.world.size > 1:
-            dist.barrier()
-        t0 = time.perf_counter()
-        for issue in issues:
-            issue()
-        return time.perf_counter() - t0
+        comms, buffers = comms or Comms(), {}
 
-    def _buffer(self, numel: int, elem_bytes: int, role: str) -> torch.Tensor:
-        key = (numel, elem_bytes, role)
-        if key not in self._buffers:
-            self._buffers[key] = torch.zeros(numel, dtype=_DTYPE[elem_bytes])
-        return self._buffers[key]
+        def buf(numel: int, elem_bytes: int, role: str) -> torch.Tensor:
+            key = (numel, elem_bytes, role)
+            if key not in buffers:
+                buffers[key] = torch.zeros(numel, dtype=_DTYPE[elem_bytes])
+            return buffers[key]
 
-    def _replay_call(self, g, op: str, numel: int, elem_bytes: int):
-        """One recorded call, ready to issue again (its buffers made now, outside the timing)."""
-        comms, whole = self.replay_comms, self._buffer(numel, elem_bytes, "whole")
-        if op == "all_reduce":
-            return lambda: comms.all_reduce(whole, g)
-        if op == "broadcast":
-            return lambda: comms.broadcast(whole, 0, g)
-        part = self._buffer(numel // g.size, elem_bytes, "part")
-        if op == "reduce_scatter":
-            return lambda: comms.reduce_scatter(part, whole, g)
-        if op == "all_gather":
-            return lambda: comms.all_gather(whole, part, g)
-        raise ValueError(f"op={op!r}: no replay for it")
+        def issue(op: str, group: str, numel: int, elem_bytes: int) -> None:
+            g = groups[group]
+            if op == "all_reduce":
+                comms.all_reduce(buf(numel, elem_bytes, "whole"), g)
+            elif op == "reduce_scatter":
+                comms.reduce_scatter(buf(numel // g.size, elem_bytes, "part"), buf(numel, elem_bytes, "whole"), g)
+            elif op == "all_gather":
+                comms.all_gather(buf(numel, elem_bytes, "whole"), buf(numel // g.size, elem_bytes, "part"), g)
+            elif op == "broadcast":
+                comms.broadcast(buf(numel, elem_bytes, "whole"), 0, g)
+            else:
+                raise ValueError(f"op={op!r}: no replay for it")
+
+        seconds = []
+        for step in range(steps + 1):  # step 0: the warm-up
+            if self.ctx.world.size > 1:
+                dist.barrier()
+            t0 = time.perf_counter()
+            for call in calls[(step % steps) * per : (step % steps + 1) * per]:
+                issue(*call)
+            if step:
+                seconds.append(time.perf_counter() - t0)
+        return seconds
 
 
 def build(impl: str, spec) -> Trainer:
