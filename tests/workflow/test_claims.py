@@ -142,6 +142,17 @@ def test_verdict_flips_past_the_tolerance():
     flat = _move(base, "fig3", "400 GPUs", 29.0)
     assert _ledger(flat).loc["fig3_superlinear", "verdict"] == REFUTED
     assert _ledger(base).loc["superlinear_doubling", "verdict"] == REFUTED  # 0.8: sub-linear
+    # measured in interleaved rounds, the statement holds only where it held in every round
+    key = "P_os+g+p N_d=2: largest micro-batch that fits"
+    above = _move(base, "superlinear", key, 5.0, column="vs_linear_pct")  # 1.05, no rounds' range
+    got = _ledger(above).loc["superlinear_doubling"]
+    assert got.verdict == PARTLY and "the statement read on ours" in got.note
+    straddles = _move(above, "superlinear", key, -3.0, column="vs_linear_low_pct")
+    got = _ledger(straddles).loc["superlinear_doubling"]
+    assert (got.ours, got.verdict) == (pytest.approx(1.05), REFUTED) and "vs_linear_low_pct" not in got.note
+    assert "the statement read on superlinear: " + key in got.note and got.note.endswith(": 0.97")
+    every_round = _move(above, "superlinear", key, 2.0, column="vs_linear_low_pct")
+    assert _ledger(every_round).loc["superlinear_doubling", "verdict"] == PARTLY
 
 
 def test_fitted_point_cannot_read_reproduced():

@@ -85,8 +85,11 @@ def test_rounds_compare_each_pair_within_its_round():
     assert best.vs_linear_pct[2] == pytest.approx(10.0)
     assert (best.vs_linear_low_pct[2], best.vs_linear_high_pct[2]) == pytest.approx((-10.0, 10.0))
     assert best.ours[2] == 110.0 and best.expected[2] == 120.0  # the medians, as measured
-    assert "Over 3 rounds, each pair timed back to back: from -10% to +10% against linear, median +10%" in (
-        superlinear.seen(df)
-    )
+    said = superlinear.seen(df)
+    assert "Over 3 rounds, each pair timed back to back: from -10% to +10% against linear, median +10%" in said
+    assert "rounds on both sides of linear, so not told apart from it" in said
+    for low, high, words in ((-12.0, -2.0, "below linear in every round"), (1.0, 5.0, "above linear in every round")):
+        point = pd.Series(dict(vs_linear_low_pct=low, vs_linear_high_pct=high))
+        assert superlinear._side(point) == words
     trials = df[df.kind == "trial"]
     assert len(trials) == 9 and "baseline N_d=2 b=4 round 2" in trials.key.tolist()

@@ -55,6 +55,8 @@ def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float
         df = _table(tables, table)
         if isinstance(df, str):
             return df
+        if column not in df:
+            return f"{table} has no column {column!r}"
         rows = _usable(df[df.key.astype(str) == key], column)
         if rows.empty:
             return f"{table}: no usable row {key!r}"

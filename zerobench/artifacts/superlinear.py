@@ -58,7 +58,8 @@ def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
     within the budget in every round (kind `best`: medians over the rounds), with the perfect-linear
     reference from that stage's one-rank point (expected = N_d x its median tokens/s); then one row
     per record (kind `trial`). `vs_linear_pct`: the median over rounds of each round's tokens/s
-    against N_d x the same round's one-rank tokens/s, `vs_linear_low_pct`/`_high_pct` their range.
+    against N_d x the same round's one-rank tokens/s, `vs_linear_low_pct`/`_high_pct` their range;
+    `slow_spell` where every round's run was in one (a pair in one round shares its spell).
     Roles (artifacts/common.py): the one-rank `best` rows are the `reference` the others are
     compared with, the other `best` rows and every trial row are `judged` (none has an error: there
     is no paper number at this scale)."""
@@ -77,7 +78,7 @@ def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
         micro_batch=("micro_batch", "first"), tokens_per_s=("tokens_per_s", "median"),
         step_time_s=("step_time_s", "median"), rss_growth_bytes=("rss_growth_bytes", "max"),
         mem_cap_bytes=("mem_cap_bytes", "first"), model_state_bytes=("model_state_bytes", "first"),
-        num_params=("num_params", "first"), host_speed=("host_speed", "median"), slow_spell=("slow_spell", "any"),
+        num_params=("num_params", "first"), host_speed=("host_speed", "median"), slow_spell=("slow_spell", "all"),
         rounds=("repeat", "nunique"), ratio=("ratio_tokens_per_s", "median"), low=("ratio_tokens_per_s", "min"),
         high=("ratio_tokens_per_s", "max"), tokens_per_s_normalized=("normalized", "median"),
         ratio_normalized=("ratio_normalized", "median"),
@@ -118,7 +119,7 @@ def seen(df: pd.DataFrame) -> str:
         if b.rounds > 1:
             lines.append(
                 f"Over {b.rounds:g} rounds, each pair timed back to back: from {b.vs_linear_low_pct:+.0f}% to "
-                f"{b.vs_linear_high_pct:+.0f}% against linear, median {b.vs_linear_pct:+.0f}%."
+                f"{b.vs_linear_high_pct:+.0f}% against linear, median {b.vs_linear_pct:+.0f}%: {_side(b)}."
             )
         lines.append(_host(a, b))
     top = best[best.dp == best.dp.max()].set_index("stage")
@@ -145,6 +146,15 @@ def seen(df: pd.DataFrame) -> str:
             "of the effect is not established here; re-measure on a quiet machine."
         )
     return " ".join(lines)
+
+
+def _side(point: pd.Series) -> str:
+    """Where the rounds put the point against linear, in words."""
+    if point.vs_linear_high_pct < 0:
+        return "below linear in every round"
+    if point.vs_linear_low_pct > 0:
+        return "above linear in every round"
+    return "rounds on both sides of linear, so not told apart from it"
 
 
 def _host(one: pd.Series, more: pd.Series) -> str:
