@@ -93,3 +93,17 @@ def test_rounds_compare_each_pair_within_its_round():
         assert superlinear._side(point) == words
     trials = df[df.kind == "trial"]
     assert len(trials) == 9 and "baseline N_d=2 b=4 round 2" in trials.key.tolist()
+
+
+def test_a_one_rank_gap_seen_in_every_round_is_a_cost_not_noise():
+    """Stage 3 at one rank 1.5x and 1.6x slower than stage 0 in both rounds: said as its own cost;
+    one round apart the other way: noise, as a single round is."""
+    pairs = []
+    for rnd, z0 in ((1, 150.0), (2, 160.0)):
+        pairs += [({"repeat": rnd}, rec(0, 1, 2, z0)), ({"repeat": rnd}, rec(3, 1, 2, 100.0)),
+                  ({"repeat": rnd}, rec(0, 2, 2, 250.0)),
+                  ({"repeat": rnd}, rec(3, 2, 2, 180.0))]  # fmt: skip
+    said = superlinear.seen(superlinear.table(pairs))
+    assert "stage 3 ran 1.50-1.60x slower than the other in every one of 2 rounds" in said and "Caution" not in said
+    flipped = [(t, r if (r["stage"], r["dp"], t["repeat"]) != (3, 1, 2) else rec(3, 1, 2, 300.0)) for t, r in pairs]
+    assert "Caution: the one-rank points" in superlinear.seen(superlinear.table(flipped))
