@@ -152,7 +152,8 @@ def test_slurm_cpu_profile_runs_a_sheet_on_a_real_cluster(slurm_cluster, tmp_pat
         if record["world_size"] == 1:
             assert not joined, log[-2000:]
             continue
-        assert sorted(rank for rank, _, _ in joined) == ["0", "1"], log[-2000:]
+        attempts = 2 if "slow_spell_rerun" in record else 1  # a slow spell runs the trial once more
+        assert sorted(rank for rank, _, _ in joined) == ["0"] * attempts + ["1"] * attempts, log[-2000:]
         _, job, host = joined[0]
         assert host == socket.gethostname().split(".")[0]  # the step's first node, from scontrol
         steps = subprocess.run(
