@@ -69,9 +69,13 @@ def trial_world(wildcards):
     return sheets.world_size(_trial(wildcards))
 
 
+def _gpus(world):
+    """GPUs a job of `world` ranks holds: one per rank on a GPU cluster, none on CPU."""
+    return world if config["device"] == "cuda" else 0
+
+
 def trial_gpus(wildcards):
-    """GPUs a measured trial holds: its world size on a GPU cluster, none on CPU."""
-    return trial_world(wildcards) if config["device"] == "cuda" else 0
+    return _gpus(trial_world(wildcards))
 
 
 def group_trials(wildcards):
@@ -90,7 +94,7 @@ def interleaved_world(wildcards):
 
 
 def interleaved_gpus(wildcards):
-    return interleaved_world(wildcards) if config["device"] == "cuda" else 0
+    return _gpus(interleaved_world(wildcards))
 
 
 def interleaved_runtime(wildcards, attempt):
@@ -104,8 +108,7 @@ def trial_mpi(wildcards):
     starts one task per rank of a multi-rank trial; "" runs the command once, and zerobench
     starts the ranks itself.
     """
-    world, launch = trial_world(wildcards), config["launcher"]
-    return f"{launch} -n {world}" if launch and world > 1 else ""
+    return " ".join(sheets.launch_prefix(_trial(wildcards), config["launcher"]))
 
 
 def sheet_runs(wildcards):

@@ -85,6 +85,7 @@ def test_rounds_compare_each_pair_within_its_round():
     assert best.vs_linear_pct[2] == pytest.approx(10.0)
     assert (best.vs_linear_low_pct[2], best.vs_linear_high_pct[2]) == pytest.approx((-10.0, 10.0))
     assert best.ours[2] == 110.0 and best.expected[2] == 120.0  # the medians, as measured
+    assert (best.tokens_per_s_low[2], best.tokens_per_s_high[2]) == (108.0, 220.0)  # the point's own range
     said = superlinear.seen(df)
     assert "Over 3 rounds, each pair timed back to back: from -10% to +10% against linear, median +10%" in said
     assert "rounds on both sides of linear, so not told apart from it" in said

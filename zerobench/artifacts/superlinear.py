@@ -58,7 +58,8 @@ def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
     within the budget in every round (kind `best`: medians over the rounds), with the perfect-linear
     reference from that stage's one-rank point (expected = N_d x its median tokens/s); then one row
     per record (kind `trial`). `vs_linear_pct`: the median over rounds of each round's tokens/s
-    against N_d x the same round's one-rank tokens/s, `vs_linear_low_pct`/`_high_pct` their range;
+    against N_d x the same round's one-rank tokens/s, `vs_linear_low_pct`/`_high_pct` their range
+    (`tokens_per_s_low`/`_high`: the point's own range over the rounds);
     `slow_spell` where every round's run was in one (a pair in one round shares its spell).
     Roles (artifacts/common.py): the one-rank `best` rows are the `reference` the others are
     compared with, the other `best` rows and every trial row are `judged` (none has an error: there
@@ -74,8 +75,9 @@ def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
         base = [one[col].get((s, r), float("nan")) * d for s, r, d in zip(runs.stage, runs.repeat, runs.dp)]
         runs[f"ratio_{col}"] = runs[col] / base
     best = runs.groupby(["stage", "dp"], as_index=False).agg(
-        key=("key", "first"), source=("source", "first"), status=("status", "first"), error=("error", "first"),
+        source=("source", "first"), status=("status", "first"), error=("error", "first"),
         micro_batch=("micro_batch", "first"), tokens_per_s=("tokens_per_s", "median"),
+        tokens_per_s_low=("tokens_per_s", "min"), tokens_per_s_high=("tokens_per_s", "max"),
         step_time_s=("step_time_s", "median"), rss_growth_bytes=("rss_growth_bytes", "max"),
         mem_cap_bytes=("mem_cap_bytes", "first"), model_state_bytes=("model_state_bytes", "first"),
         num_params=("num_params", "first"), host_speed=("host_speed", "median"), slow_spell=("slow_spell", "all"),

@@ -23,13 +23,11 @@ THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def trial_command(trial: dict, out: Path, device: str, time_limit: float, launcher: str) -> list[str]:
-    """`zerobench run` for one trial; `launcher` (e.g. srun) starts a multi-rank trial's tasks, as
-    the workflow's `mpi` resource does, and "" lets zerobench start its own ranks."""
-    world = sheets.world_size(trial)
-    prefix = [launcher, "-n", str(world)] if launcher and world > 1 else []
+    """`zerobench run` for one trial, started as the workflow's `mpi` resource starts it
+    (`sheets.launch_prefix`)."""
     return [
-        *prefix, sys.executable, "-m", "zerobench.cli", "run", *sheets.trial_flags(trial), "--device", device,
-        "--time-limit", f"{time_limit:g}", "--out", str(out),
+        *sheets.launch_prefix(trial, launcher), sys.executable, "-m", "zerobench.cli", "run",
+        *sheets.trial_flags(trial), "--device", device, "--time-limit", f"{time_limit:g}", "--out", str(out),
     ]  # fmt: skip
 
 

@@ -158,6 +158,13 @@ def world_size(trial: dict) -> int:
     return trial.get("gpus") or trial.get("dp", 1) * trial.get("mp", 1)
 
 
+def launch_prefix(trial: dict, launcher: str) -> list[str]:
+    """What starts a trial's ranks: `<launcher> -n <world>` (e.g. srun, one task per rank) for a
+    multi-rank trial; nothing for one rank, or with no launcher (zerobench starts its own ranks)."""
+    world = world_size(trial)
+    return [launcher, "-n", str(world)] if launcher and world > 1 else []
+
+
 def sheet_trials(sheet: dict, smoke: bool = False) -> list[list[dict]]:
     """Per group, its trials (an empty list for a group dropped from smoke runs)."""
     return [expand_group(group, smoke) for group in sheet.get("trials") or []]

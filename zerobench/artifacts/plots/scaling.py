@@ -56,11 +56,8 @@ def superlinear(df: pd.DataFrame, fig) -> None:
     for stage, sub in best.groupby("stage"):
         c = COLORS[stage]
         ax.plot(sub.dp, sub.ours, "-", marker=MARKERS["measured"], color=c, label=f"{STAGE_LABELS[stage]} measured")
-        runs = df[(df.kind == "trial") & (df.stage == stage)].groupby(["dp", "micro_batch"]).ours
-        lo, hi = runs.min(), runs.max()  # the point's range over the interleaved rounds
-        spans = [(lo.get((d, b), o), hi.get((d, b), o)) for d, b, o in zip(sub.dp, sub.micro_batch, sub.ours)]
-        ax.errorbar(sub.dp, sub.ours, yerr=[[o - a for o, (a, _) in zip(sub.ours, spans)],
-                    [b - o for o, (_, b) in zip(sub.ours, spans)]], fmt="none", ecolor=c, capsize=3)  # fmt: skip
+        spread = [sub.ours - sub.tokens_per_s_low, sub.tokens_per_s_high - sub.ours]  # over the rounds
+        ax.errorbar(sub.dp, sub.ours, yerr=spread, fmt="none", ecolor=c, capsize=3)
         _linear(ax, sub.dp.tolist(), sub.ours.tolist(), c, f"{STAGE_LABELS[stage]} perfect linear")
         for _, r in sub.iterrows():
             ax.annotate(f"b={r.micro_batch:g}", (r.dp, r.ours), textcoords="offset points", xytext=(6, -10),
