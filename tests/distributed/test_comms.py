@@ -1,9 +1,14 @@
 """parallel/comms.py on real gloo: reduce-scatter and all-gather issued as a pairwise exchange give what
 torch.distributed's own collectives give, in and out of place, on the world and on a subgroup
-whose group ranks differ from the global ones, with the ledger's ring volume unchanged."""
+whose group ranks differ from the global ones, with the ledger's ring volume unchanged; and the spawned gloo world itself (parallel/spawn.py)."""
 
+import atexit
+import os
+
+import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from tests.worlds import spawned
 from zerobench.parallel import topology
@@ -45,3 +50,20 @@ def _compare(rank: int) -> dict:
 def test_pairwise_exchange_equals_gloo_collectives():
     for rank, checks in enumerate(spawned(4, _compare)):
         assert all(checks.values()), (rank, checks)
+
+
+def _abort_at_exit(rank: int, when: str) -> int:
+    if rank == 1 and when == "at exit":
+        atexit.register(os.abort)  # after the result is written and the ranks have left together
+    if rank == 1 and when == "before returning":
+        os.abort()
+    return rank * 10
+
+
+def test_spawned_keeps_results_written_before_a_rank_died_at_exit(capfd):
+    """gloo's teardown can abort a rank after its result is on disk: the run counts, the exit is
+    reported. A rank that dies before returning fails the run."""
+    assert spawned(2, _abort_at_exit, "at exit") == [0, 10]
+    assert "every rank returned its result" in capfd.readouterr().err
+    with pytest.raises(mp.ProcessExitedException, match="SIGABRT"):
+        spawned(2, _abort_at_exit, "before returning", timeout_s=20)
