@@ -189,7 +189,7 @@ PEERS = {
     "steps": 2 if config.get("smoke") else 8,
     "clip_norm": 0.0,
     "reuse_mb": 64,
-    "rounds": 1 if config.get("smoke") else 2,
+    "rounds": 1 if config.get("smoke") else 3,
     "in_report": False,
     **config.get("peers", {}),
 }

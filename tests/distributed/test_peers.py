@@ -246,7 +246,7 @@ def test_rounds_interleave_every_row_and_take_each_ratio_within_its_round(monkey
                "collective_s_per_step": collective}  # fmt: skip
         return {**row, "status": "error", "error": "boom"} if name == "ddp" and n == 1 else row
 
-    monkeypatch.setattr(runner, "run_floor", lambda spec, log: fake("floor", "floor", None))
+    monkeypatch.setattr(runner, "run_floor", lambda spec, log, stage: fake("floor", "floor", stage))
     monkeypatch.setattr(
         runner, "run_floor_concurrent", lambda spec, log: fake("floor-concurrent", "floor-concurrent", None)
     )
@@ -267,3 +267,39 @@ def test_rounds_interleave_every_row_and_take_each_ratio_within_its_round(monkey
     assert (by["ddp"]["status"], by["ddp"]["error"]) == ("error", "boom")
     with pytest.raises(ValueError, match="rounds=0"):
         runner.run_peers(spec_for("awkward", dp=2), ["ddp"], rounds=0)
+
+
+def test_each_stage_is_compared_with_a_floor_measured_beside_it(monkeypatch):
+    """Per stage its floor, then its implementations (the concurrent floor after the first floor):
+    stage 0's rows over the floor read 1.0 s before them, stage 3's over the 2.0 s one, and each
+    bound is its own stage's floor plus ours' collectives."""
+    times = {("floor", 0): 1.0, ("floor", 3): 2.0, ("floor-concurrent", None): 1.1, ("ours-0", 0): 1.5,
+             ("ddp", 0): 3.0, ("ours-3", 3): 2.6, ("fsdp2-reshard", 3): 5.2}  # fmt: skip
+    calls = []
+
+    def fake(name, family, stage, collective=None):
+        calls.append((name, stage))
+        return {**_row(name, stage, times[name, stage], 100, [1.0, 0.5], family=family),
+                "collective_s_per_step": collective}  # fmt: skip
+
+    monkeypatch.setattr(runner, "run_floor", lambda spec, log, stage: fake("floor", "floor", stage))
+    monkeypatch.setattr(
+        runner, "run_floor_concurrent", lambda spec, log: fake("floor-concurrent", "floor-concurrent", None)
+    )
+    ours = {"ours-0": ("zerobench", 0, 0.2), "ours-3": ("zerobench", 3, 0.4)}
+    monkeypatch.setattr(
+        runner,
+        "run_one",
+        lambda impl, spec, log: fake(impl, *ours.get(impl, ("torch", runner.IMPLEMENTATIONS[impl][1]))),
+    )
+    rows = runner.run_peers(spec_for("awkward", dp=2), ["ours-3", "fsdp2-reshard", "ddp", "ours-0"], log=lambda _: None)
+    assert calls == [("floor", 0), ("floor-concurrent", None), ("ddp", 0), ("ours-0", 0),
+                     ("floor", 3), ("ours-3", 3), ("fsdp2-reshard", 3)]  # fmt: skip
+    by = {(r["impl"], r["stage"]): r for r in rows}
+    assert by["ours-0", 0]["time_over_floor"] == 1.5 and by["ddp", 0]["time_over_floor"] == 3.0
+    assert by["ours-3", 3]["time_over_floor"] == pytest.approx(1.3) and by["fsdp2-reshard", 3]["time_over_floor"] == 2.6
+    assert by["floor", 3]["time_over_floor"] == 1.0 and by["floor-concurrent", None][
+        "time_over_floor"
+    ] == pytest.approx(1.1)
+    assert by["bound", 0]["step_time_s"] == pytest.approx(1.2) and by["bound", 3]["step_time_s"] == pytest.approx(2.4)
+    assert by["ours-3", 3]["time_over_bound"] == pytest.approx(2.6 / 2.4)

@@ -1,17 +1,19 @@
 """`zerobench peers`: the same GPT, initial weights, data, global batch, precision and world size
 trained by our engine (stages 0–3) and by the systems people already use at the equivalent stage
 (DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed 0–3), one implementation at a time, each in its own
-spawned world. One `measured` row per implementation, with the ratios ours / peer, and a `floor`
-row first: a single rank at the same per-rank batch, with no communication (our engine at dp = 1,
-where every group has one rank and issues nothing), the compute every implementation must do.
-Then a `floor-concurrent` row: dp such ranks stepping at once, each alone (no communication), as
-the dp ranks of a world share the machine's memory bandwidth and caches; what it adds over `floor`
-is the cost of running beside each other, which no communication scheme can remove. Each
-implementation's step time is also shown over both. Per stage a `bound` row: the floor plus the
-seconds our engine's collectives at that stage take with no compute (the same ops, message sizes
-and calls per step, from its ledger, issued again after its timed steps in the same spawned world;
-ours.py): on a CPU host the ranks' compute and gloo share the cores, so this is what this
-machine allows that stage's communication to cost. Every step time is shown over its stage's bound.
+spawned world. One `measured` row per implementation, with the ratios ours / peer. Each stage's
+rows follow a `floor` row of their own: a single rank at the same per-rank batch, with no
+communication (our engine at dp = 1, where every group has one rank and issues nothing), the compute
+every implementation must do, measured right beside the rows it is compared with (a shared host's
+speed drifts over the minutes a whole comparison takes). After the first stage's floor a
+`floor-concurrent` row: dp such ranks stepping at once, each alone (no communication), as the dp
+ranks of a world share the machine's memory bandwidth and caches; what it adds over `floor` is the
+cost of running beside each other, which no communication scheme can remove. Each implementation's
+step time is also shown over both. Per stage a `bound` row: that stage's floor plus the seconds our
+engine's collectives at that stage take with no compute (the same ops, message sizes and calls per
+step, from its ledger, issued again after its timed steps in the same spawned world; ours.py): on a
+CPU host the ranks' compute and gloo share the cores, so this is what this machine allows that
+stage's communication to cost. Every step time is shown over its stage's bound.
 
 Rounds (`--rounds R`): the floors and every implementation run R times, the order reversed every
 other round, so a slow spell of a shared host falls on the rows compared with each other. Each
@@ -83,9 +85,11 @@ def floor_spec(spec):
     return dataclasses.replace(spec, parallel=dataclasses.replace(spec.parallel, dp=1, stage=0))
 
 
-def run_floor(spec, log=print) -> dict:
-    """The `floor` row: our engine on `floor_spec(spec)`."""
-    return run_one("ours-0", floor_spec(spec), log, name=FLOOR)
+def run_floor(spec, log=print, stage: int | None = None) -> dict:
+    """The `floor` row of `stage`'s rows: our engine on `floor_spec(spec)`."""
+    row = run_one("ours-0", floor_spec(spec), log, name=FLOOR)
+    row["stage"] = stage
+    return row
 
 
 def run_floor_concurrent(spec, log=print) -> dict:
@@ -120,13 +124,21 @@ def run_one(impl: str, spec, log=print, name: str | None = None, ranks: int | No
     return row
 
 
+def floor_of(rows: list[dict], stage) -> dict | None:
+    """The `floor` row that `stage`'s rows are compared with: its own, else the one measured first
+    (a row of no stage, the concurrent floor, sits beside the first stage's)."""
+    floors = [r for r in rows if r["family"] == FLOOR and r["status"] == "ok"]
+    return next((r for r in floors if r["stage"] == stage), floors[0] if floors else None)
+
+
 def with_bounds(rows: list[dict]) -> list[dict]:
-    """`rows` with a `bound` row before each of ours that timed its collectives: the floor's step
-    time (and spread) plus their median seconds per step; the same bytes per step as ours."""
-    floor = next((r for r in rows if r["family"] == FLOOR and r["status"] == "ok"), None)
+    """`rows` with a `bound` row before each of ours that timed its collectives: its stage's
+    floor's step time (and spread) plus their median seconds per step; the same bytes per step as
+    ours."""
     out = []
     for r in rows:
         extra = r.get("collective_s_per_step")
+        floor = floor_of(rows, r["stage"])
         if floor is not None and r["family"] == "zerobench" and r["status"] == "ok" and extra is not None:
             copied = ("model", "num_params", "dp", "world_size", "precision", "micro_batch", "global_batch",
                       "warmup", "steps", "clip_norm", "threads_per_rank", "comm_bytes_per_step", "comm_per_step",
@@ -149,19 +161,20 @@ def compare(rows: list[dict]) -> list[dict]:
     against the floor's (runtime/probe.py: < 1, the host ran slower than for the floor). The floors
     train a different global batch, and a bound trains nothing: no loss check."""
     ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
-    floors = {r["family"]: r for r in rows if r["family"] in (FLOOR, FLOOR_CONCURRENT) and r["status"] == "ok"}
+    concurrent = next((r for r in rows if r["family"] == FLOOR_CONCURRENT and r["status"] == "ok"), None)
     bounds = {r["stage"]: r for r in rows if r["family"] == BOUND}
     for r in rows:
         if r["status"] != "ok":
             continue
-        if r.get("host_probe") and FLOOR in floors:
-            r["host_speed"] = probe.host_speed(json.loads(r["host_probe"]), json.loads(floors[FLOOR]["host_probe"]))
-        for name, column in ((FLOOR, "time_over_floor"), (FLOOR_CONCURRENT, "time_over_floor_concurrent")):
-            if name in floors:
-                r[column] = r["step_time_s"] / floors[name]["step_time_s"]
+        floor = floor_of(rows, r["stage"])
+        if r.get("host_probe") and floor is not None:
+            r["host_speed"] = probe.host_speed(json.loads(r["host_probe"]), json.loads(floor["host_probe"]))
+        for ref, column in ((floor, "time_over_floor"), (concurrent, "time_over_floor_concurrent")):
+            if ref is not None:
+                r[column] = r["step_time_s"] / ref["step_time_s"]
         if r["stage"] in bounds:
             r["time_over_bound"] = r["step_time_s"] / bounds[r["stage"]]["step_time_s"]
-        if r["family"] in (*floors, BOUND):
+        if r["family"] in (FLOOR, FLOOR_CONCURRENT, BOUND):
             continue
         ref = ours.get(r["stage"]) or ours.get(min(ours, default=None))
         if ref is None:
@@ -176,15 +189,20 @@ def compare(rows: list[dict]) -> list[dict]:
 
 
 def run_peers(spec, impls=None, log=print, rounds: int = 1) -> list[dict]:
-    """The floor rows, then one row per implementation, in order, each stage's bound before ours;
-    with `rounds` > 1 each run that many times, interleaved, and merged (`merge_rounds`)."""
+    """Per stage, in order of stage, its floor (the concurrent floor after the first), then its
+    implementations in the order given, each stage's bound before ours; with `rounds` > 1 each run
+    that many times, interleaved, and merged (`merge_rounds`)."""
     impls = list(impls or IMPLEMENTATIONS)
     for impl in impls:
         family(impl)  # an unknown name fails before anything runs
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: run each row at least once")
-    runs = [lambda: run_floor(spec, log), lambda: run_floor_concurrent(spec, log)]
-    runs += [lambda impl=impl: run_one(impl, spec, log) for impl in impls]
+    runs = []
+    for stage in sorted({IMPLEMENTATIONS[i][1] for i in impls}):
+        runs.append(lambda stage=stage: run_floor(spec, log, stage))
+        if len(runs) == 1:
+            runs.append(lambda: run_floor_concurrent(spec, log))
+        runs += [lambda impl=impl: run_one(impl, spec, log) for impl in impls if IMPLEMENTATIONS[impl][1] == stage]
     each = []
     for r in range(rounds):
         if rounds > 1:

@@ -41,9 +41,10 @@ def peers_markdown(csv_path) -> str:
         f"({first['num_params'] / 1e6:.1f}M parameters), dp = {first['dp']}, {first['precision']}, "
         f"global batch {first['global_batch']}, {first['threads_per_rank']} thread per rank, median of "
         f"{first['steps']} steps after {first['warmup']} warm-up, {_clipping(first)}{_rounds(first)}. The floor is "
-        f'one rank at the same per-rank batch with no communication (our engine at dp = 1); "/ floor" is each step '
-        f"time over it. The concurrent floor is {first['dp']} such ranks stepping at once, each alone, sharing the "
-        f'machine as the ranks of a world do; "/ conc." is each step time over it. A stage\'s bound is the floor '
+        f"one rank at the same per-rank batch with no communication (our engine at dp = 1), measured beside each "
+        "stage's rows; \"/ floor\" is each step time over its stage's floor. The concurrent floor"
+        f" is {first['dp']} such ranks stepping at once, each alone, sharing the "
+        f'machine as the ranks of a world do; "/ conc." is each step time over it. A stage\'s bound is its floor '
         f"plus our engine's collectives at that stage (the same ops, message sizes and calls per step, from its "
         f"ledger) issued again with no compute in the same world, timed: on a CPU host compute and gloo share the "
         f'cores, so this is what the machine allows that stage\'s communication to cost; "/ bound" is each step '
@@ -100,8 +101,8 @@ def _order(col):
 
 
 def plot_peers(csv_path, png_path) -> None:
-    """Two panels: median step time (bars, min–max whiskers; each stage's bound a dash-dotted line
-    over its bars) and peak RSS per rank, per stage."""
+    """Two panels: median step time (bars, min–max whiskers; each stage's floor a dashed and its
+    bound a dash-dotted line over its bars) and peak RSS per rank, per stage."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,6 +112,7 @@ def plot_peers(csv_path, png_path) -> None:
     ok = df[(df["status"] == "ok") & ~df["family"].isin((*FLOORS, BOUND))]
     bounds = df[(df["status"] == "ok") & (df["family"] == BOUND)].set_index("stage")["step_time_s"]
     floors = df[(df["status"] == "ok") & df["family"].isin(FLOORS)]
+    stage_floors = floors[floors["family"] == FLOOR].dropna(subset=["stage"]).set_index("stage")["step_time_s"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"zerobench": "tab:blue", "torch": "tab:orange", "deepspeed": "tab:green"}
     for ax, (col, scale, label) in zip(
@@ -118,15 +120,21 @@ def plot_peers(csv_path, png_path) -> None:
     ):
         ticks, names = [], []
         x = 0.0
-        if col == "step_time_s" and not floors.empty:
-            for _, f in floors.iterrows():
+        if col == "step_time_s":  # a floor of no stage spans the figure; a stage's floor, its bars
+            for _, f in floors[floors["stage"].isna()].iterrows():
                 style, text = _FLOOR_LINES[f["family"]]
                 ax.axhline(f["step_time_s"], color="black", linestyle=style, label=text)
         for stage in sorted(ok["stage"].unique()):
             group = ok[ok["stage"] == stage].sort_values("family", key=_order)
-            if col == "step_time_s" and stage in bounds.index:
-                label = "bound: floor + our collectives, no compute" if stage == bounds.index.min() else None
-                ax.hlines(bounds[stage], x - 0.4, x + len(group) - 0.6, colors="black", linestyles="-.", label=label)
+            first_stage = stage == ok["stage"].min()
+            lines = (
+                (bounds, "-.", "bound: floor + our collectives, no compute"),
+                (stage_floors, "--", _FLOOR_LINES[FLOOR][1]),
+            )
+            for values, style, text in lines if col == "step_time_s" else ():
+                if stage in values.index:
+                    ax.hlines(values[stage], x - 0.4, x + len(group) - 0.6, colors="black", linestyles=style,
+                              label=text if first_stage else None)  # fmt: skip
             for _, r in group.iterrows():
                 err = None
                 if col == "step_time_s":
