@@ -176,8 +176,8 @@ wildcard_constraints:
 # compare the engines: torch's fp32 CPU norm kernel (clip_grad_norm_, used by DDP, ZeRO-1 and
 # FSDP2 here) is off by ~1e-4 relative on 10^7-element gradients (pytorch/pytorch#169237), which
 # alone moves their losses by 2-3e-4 within 10 steps. Stage 3 holds a bucket whose next use is
-# under 64 MiB of gathers ahead (`reuse_mb`, zero/gather.py), as DeepSpeed's default
-# stage3_max_reuse_distance (1e9 parameters) does; the engine's own default is 0, the paper's 3Ψ.
+# under 64 MiB of gathers ahead (`reuse_mb`, zero/gather.py): DeepSpeed's stage3_max_reuse_distance at a
+# shorter distance (its default, 1e9 parameters, holds all of cpu-100m); the engine's own default is 0, the paper's 3Ψ.
 # Every row runs in `rounds` interleaved rounds (order reversed every other round), ratios taken
 # within each round: ours and each peer see the host's slow spells alike (zerobench/peers/runner.py).
 # `in_report` adds the table to REPORT.md.
