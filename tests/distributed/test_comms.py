@@ -1,6 +1,7 @@
 """parallel/comms.py on real gloo: reduce-scatter and all-gather issued as a pairwise exchange give what
 torch.distributed's own collectives give, in and out of place, on the world and on a subgroup
-whose group ranks differ from the global ones, with the ledger's ring volume unchanged; and the spawned gloo world itself (parallel/spawn.py)."""
+whose group ranks differ from the global ones, with the ledger's ring volume unchanged; and the
+spawned gloo world itself (parallel/spawn.py)."""
 
 import atexit
 import os
