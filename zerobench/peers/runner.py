@@ -198,9 +198,9 @@ def run_peers(spec, impls=None, log=print, rounds: int = 1) -> list[dict]:
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: run each row at least once")
     runs = []
-    for stage in sorted({IMPLEMENTATIONS[i][1] for i in impls}):
+    for k, stage in enumerate(sorted({IMPLEMENTATIONS[i][1] for i in impls})):
         runs.append(lambda stage=stage: run_floor(spec, log, stage))
-        if len(runs) == 1:
+        if k == 0:
             runs.append(lambda: run_floor_concurrent(spec, log))
         runs += [lambda impl=impl: run_one(impl, spec, log) for impl in impls if IMPLEMENTATIONS[impl][1] == stage]
     each = []
