@@ -7,14 +7,14 @@ import copy
 
 import torch
 
-from zerobench.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-from zerobench.model import GPT
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
-from zerobench.parallel.tensor_parallel import gather_full
-from zerobench.runtime.batches import SyntheticTokens
-from zerobench.runtime.train import build_engine, train_steps
-from zerobench.trial import TrialSpec
+from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
+from zerobench.engine.model import GPT
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.tensor_parallel import gather_full
+from zerobench.engine.runtime.batches import SyntheticTokens
+from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.engine.trial import TrialSpec
 
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
 

@@ -3,7 +3,7 @@
 - `threaded(n, fn, *args)`: PyTorch's threaded process group — real collective semantics, n
   ranks as threads of this process, ~0.1 s to start. For exact checks of collective logic.
 - `spawned(n, fn, *args)`: n processes on gloo with a file rendezvous (no ports to collide on),
-  ~4 s per rank here. For the real backend (zerobench/parallel/spawn.py, shared with the peers).
+  ~4 s per rank here. For the real backend (zerobench/engine/parallel/spawn.py, shared with the peers).
 Both return the list of each rank's return value; `fn(rank, *args)` must be importable.
 """
 
@@ -19,7 +19,7 @@ from torch.testing._internal.distributed.multi_threaded_pg import (
     _uninstall_threaded_pg,
 )
 
-from zerobench.parallel.spawn import spawned  # noqa: F401 - the tests' processes world
+from zerobench.engine.parallel.spawn import spawned  # noqa: F401 - the tests' processes world
 
 
 def threaded(n: int, fn, *args):

@@ -11,15 +11,15 @@ import signal
 import subprocess
 import sys
 
-from zerobench.cli_args import configs, mib, trial_args
-from zerobench.config import NOMINAL_BILLIONS, PRESETS, ConfigError
+from zerobench.cli_args import trial_args
+from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError
+from zerobench.engine.runtime import allocator, probe
+from zerobench.engine.runtime.procs import process_tree
+from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
 from zerobench.results import read_record, write_record
-from zerobench.runtime import allocator, probe
-from zerobench.runtime.procs import process_tree
-from zerobench.sweeps.modelled import modelled_record, sweep_args
+from zerobench.sweeps.groups import modelled_record, sweep_args
 from zerobench.sweeps.search import listed_flags, run_under_policy
-from zerobench.trial import TrialSpec, new_record
 
 
 def _trial_spec(args) -> TrialSpec:
@@ -49,7 +49,7 @@ def cmd_run(args) -> int:
 def _run_once(args, spec: TrialSpec, listed: TrialSpec) -> dict:
     if args.time_limit:
         return _run_with_time_limit(args, spec, listed)
-    from zerobench.runtime.launch import run_trial  # imports torch: not for a time-limited parent
+    from zerobench.engine.runtime.launch import run_trial  # imports torch: not for a time-limited parent
 
     return run_trial(spec)
 
@@ -114,7 +114,7 @@ def cmd_claims(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from zerobench.runtime.trace import trace_record  # imports torch
+    from zerobench.engine.runtime.trace import trace_record  # imports torch
 
     model, parallel, precision, train = configs(vars(args))
     record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out), args.states_only)

@@ -12,16 +12,25 @@ global batch B that is
 
 from __future__ import annotations
 
-from zerobench.config import ModelConfig
+from typing import Protocol
 
 
-def forward_flops_per_sequence(model: ModelConfig) -> float:
+class ModelShape(Protocol):
+    """What the convention reads of a model (engine/config.ModelConfig has it)."""
+
+    seq: int
+    hidden: int
+    layers: int
+    vocab: int
+
+
+def forward_flops_per_sequence(model: ModelShape) -> float:
     """FLOPs of one forward pass over one sequence (2 FLOPs per multiply-add)."""
     s, h, L, V = model.seq, model.hidden, model.layers, model.vocab
     return 24.0 * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
 
 
-def step_flops(model: ModelConfig, global_batch: int, recompute: bool) -> float:
+def step_flops(model: ModelShape, global_batch: int, recompute: bool) -> float:
     """FLOPs of one optimizer step over `global_batch` sequences, across all GPUs."""
     passes = 4.0 if recompute else 3.0  # fwd + bwd(2x) [+ recomputed fwd]
     return passes * forward_flops_per_sequence(model) * global_batch

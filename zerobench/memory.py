@@ -10,7 +10,10 @@ from __future__ import annotations
 import resource
 import sys
 
-from zerobench.config import BYTES_PER_PARAM
+# Bytes per parameter held as weights (p), gradients (g) and optimizer state (k) — paper §3.1:
+# mixed precision keeps 16-bit weights and gradients and an fp32 master copy plus Adam's two
+# fp32 moments (k = 12); fp32 training keeps only the two moments (k = 8).
+BYTES_PER_PARAM = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
 
 def model_state_bytes(

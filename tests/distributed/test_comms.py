@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.worlds import spawned
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
 
 
 def _compare(rank: int) -> dict:

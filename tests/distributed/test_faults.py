@@ -15,12 +15,12 @@ import torch
 
 from tests.engine_cases import spec_for
 from tests.worlds import threaded
-from zerobench.config import ConfigError, PrecisionConfig
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
-from zerobench.runtime import faults
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.runtime.train import build_engine, train_steps
+from zerobench.engine.config import ConfigError, PrecisionConfig
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.runtime import faults
+from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.engine.runtime.train import build_engine, train_steps
 
 
 def _processes_mentioning(text: str) -> list[str]:

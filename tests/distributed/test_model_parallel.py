@@ -11,11 +11,11 @@ import torch
 from tests.engine_cases import clone, engine_run, reference_run, rel_err, spec_for, whole_parameters
 from tests.worlds import spawned, threaded
 from zerobench import cli
-from zerobench.config import ZERO_CONFIGS, ConfigError, ParallelConfig, preset
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
+from zerobench.engine.config import ZERO_CONFIGS, ConfigError, ParallelConfig, preset
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.runtime.train import build_engine, train_steps
 from zerobench.perfmodel import network
-from zerobench.runtime.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 ODD_VOCAB = preset("tiny").with_overrides(layers=3, seq=24, vocab=997)  # 997 is prime: padded for every mp
@@ -70,8 +70,8 @@ def _norm_and_pad(rank, spec):
 
 def _reference_norms(spec):
     """Gradient norms of the single-process run (clip_grad_norm_ returns the total norm)."""
-    from zerobench.model import GPT
-    from zerobench.runtime.batches import SyntheticTokens
+    from zerobench.engine.model import GPT
+    from zerobench.engine.runtime.batches import SyntheticTokens
 
     t = spec.train
     model = GPT(spec.model)
@@ -167,7 +167,7 @@ def test_models_that_do_not_divide_are_rejected(capsys):
         ParallelConfig(mp=2).check_model(preset("awkward"))
     assert cli.main(["run", "--model", "tiny", "--mp", "3"]) == 2
     assert "heads=4: must be divisible by mp (3)" in capsys.readouterr().err
-    from zerobench.parallel.tensor_parallel import ColumnParallelLinear, TensorParallel
+    from zerobench.engine.parallel.tensor_parallel import ColumnParallelLinear, TensorParallel
 
     tp = TensorParallel(topology.Group("mp", 4, 0), Comms())
     with pytest.raises(ValueError, match="fan_out=6"):

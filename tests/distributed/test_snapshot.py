@@ -10,13 +10,13 @@ import torch
 from tests.engine_cases import spec_for
 from tests.worlds import spawned, threaded
 from zerobench import cli, results
-from zerobench.config import preset
-from zerobench.model import GPT
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
-from zerobench.runtime import snapshot
-from zerobench.runtime.snapshot import CheckpointError
-from zerobench.runtime.train import build_engine, train_steps
+from zerobench.engine.config import preset
+from zerobench.engine.model import GPT
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.runtime import snapshot
+from zerobench.engine.runtime.snapshot import CheckpointError
+from zerobench.engine.runtime.train import build_engine, train_steps
 
 STATES = ("master", "exp_avg", "exp_avg_sq")
 

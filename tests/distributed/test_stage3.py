@@ -11,12 +11,12 @@ from torch import nn
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
 from tests.worlds import spawned, threaded
-from zerobench.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig, preset
-from zerobench.model import GPT, Linear
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
-from zerobench.zero.stage2 import Stage2
-from zerobench.zero.stage3 import Stage3
+from zerobench.engine.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig, preset
+from zerobench.engine.model import GPT, Linear
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.zero.stage2 import Stage2
+from zerobench.engine.zero.stage3 import Stage3
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 HIDDEN = 201  # the awkward preset's: LayerNorm tensors and the projections' biases have this many elements

@@ -6,13 +6,14 @@ import torch
 
 from tests.engine_cases import clone, engine_run, reference_run, rel_err, spec_for
 from tests.worlds import threaded
-from zerobench import cli, cli_args, memory
-from zerobench.config import ZERO_CONFIGS
-from zerobench.parallel import topology
-from zerobench.parallel.comms import Comms
-from zerobench.runtime.train import build_engine, train_steps
-from zerobench.zero.activations import checkpoint_store
-from zerobench.zero.buffers import AllocationCounter, largest_bucket_bytes
+from zerobench import cli, memory
+from zerobench.engine import trial
+from zerobench.engine.config import ZERO_CONFIGS
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.engine.zero.activations import checkpoint_store
+from zerobench.engine.zero.buffers import AllocationCounter, largest_bucket_bytes
 
 DP, MP, B = 2, 2, 2
 SWITCHES = {
@@ -158,7 +159,7 @@ def test_constant_buffer_bound():
 def test_zero_configs_from_the_cli():
     for name, switches in ZERO_CONFIGS.items():
         args = cli.parser().parse_args(["run", "--zero-config", name, "--dp", "2", "--mp", "2"])
-        parallel = cli_args.configs(vars(args))[1]
+        parallel = trial.configs(vars(args))[1]
         for key, value in switches.items():
             assert getattr(parallel, key) == value
         assert parallel.checkpoint_activations == bool(switches.get("partition_activations"))  # P_a implies it

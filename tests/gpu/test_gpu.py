@@ -8,8 +8,8 @@ import torch
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
 from zerobench.clock import device_clock
-from zerobench.runtime.launch import run_trial
-from zerobench.trial import TrialSpec
+from zerobench.engine.runtime.launch import run_trial
+from zerobench.engine.trial import TrialSpec
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from tests.records import TINY_STEP
-from zerobench.calibrate import kernels as calibrate_kernels
+from zerobench.calibrate import kernel_bench as calibrate_kernels
 from zerobench.calibrate import machine as calibrate
-from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel import DEFAULT, compute, get_profile, network, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import gemm_rate, kernel_time
@@ -338,7 +338,7 @@ def test_op_count_of_the_model(monkeypatch):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from zerobench.model import GPT
+    from zerobench.engine.model import GPT
 
     class Ops(TorchDispatchMode):
         n = 0
@@ -372,7 +372,7 @@ def test_model_vs_measured_rows_from_a_record():
         num_params=1000, step_time_s=0.5, step_time_min_s=0.4, step_time_max_s=0.6, rss_growth_bytes=64 * 2**20,
         comm={"reduce_scatter/dp": {"seconds": 0.2}, "all_gather/dp": {"seconds": 0.1}},
     )  # fmt: skip
-    # the step judged on the system allocator, the memory on jemalloc (zerobench/runtime/allocator.py)
+    # the step judged on the system allocator, the memory on jemalloc (zerobench/engine/runtime/allocator.py)
     jemalloc = dict(record, allocator="jemalloc")
     df = model_vs_measured([record, jemalloc, dict(record, status="oom", error="over budget")], CPU)
     assert len(df) == 3

@@ -1,7 +1,7 @@
 import pytest
 
 from zerobench.cli import main
-from zerobench.config import (
+from zerobench.engine.config import (
     NOMINAL_BILLIONS,
     PRESETS,
     ConfigError,
@@ -25,7 +25,7 @@ def test_paper_presets_match_their_nominal_size(name):
 def test_num_params_counts_the_built_model():
     import torch
 
-    from zerobench.model import GPT
+    from zerobench.engine.model import GPT
 
     for name in ("tiny", "awkward", "cpu-10m"):
         with torch.device("meta"):

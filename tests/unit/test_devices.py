@@ -15,20 +15,20 @@ import torch.distributed as dist
 from torch.optim.adam import adam as torch_adam
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zerobench.calibrate import kernels as calibrate_kernels
+from zerobench.calibrate import kernel_bench as calibrate_kernels
 from zerobench.checks import gpu_check
 from zerobench.cli import parser
-from zerobench.cli_args import configs
 from zerobench.clock import device_clock
-from zerobench.config import ModelConfig, TrainConfig
-from zerobench.model import GPT
-from zerobench.parallel.comms import Comms
-from zerobench.parallel.topology import Group
+from zerobench.engine.config import ModelConfig, TrainConfig
+from zerobench.engine.model import GPT
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.topology import Group
+from zerobench.engine.runtime.devices import StepTimer
+from zerobench.engine.trial import configs
+from zerobench.engine.zero import optimizer
+from zerobench.engine.zero.activations import CheckpointStore
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
-from zerobench.runtime.devices import StepTimer
-from zerobench.zero import optimizer
-from zerobench.zero.activations import CheckpointStore
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 COMPUTE, TRANSFER = 0.2, 0.05  # seconds of stand-in device work: queued compute, a collective

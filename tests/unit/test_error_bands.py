@@ -1,4 +1,4 @@
-"""Error bands on modelled figures (perfmodel/error_bands.py, fitting/error_bands.py): the regime of
+"""Error bands on modelled figures (perfmodel/error_bands.py, fitting/write_bands.py): the regime of
 a layout, the band of a regime from its held-out runs, and the record and estimate that carry it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import pandas as pd
 import pytest
 
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.fitting import error_bands as writer
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.fitting import write_bands as writer
 from zerobench.fitting.external import HOLDOUT_OUT
 from zerobench.perfmodel import error_bands as eb
 from zerobench.perfmodel.predict import estimate_text, model_record

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.fitting.external import CODE, load, summary, validate
 from zerobench.fitting.fit import HARDWARE_KNOBS, fit_hardware
 from zerobench.perfmodel.constants import DEFAULT, GEMM_EFF_MEASURED

@@ -8,10 +8,11 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerobench import cli, cli_args
-from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.fields import FIELDS as TRIAL_FIELDS
-from zerobench.trial import TrialSpec
+from zerobench import cli
+from zerobench.engine import trial
+from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.fields import FIELDS as TRIAL_FIELDS
+from zerobench.engine.trial import TrialSpec
 
 EXAMPLES = 550  # per fuzzer; each must try at least MIN_TRIED, so a run fuzzes >= 1000 configurations
 MIN_TRIED = 500
@@ -95,7 +96,7 @@ def _fuzz(strategy, check) -> int:
 def _check_argv(args):
     parsed = cli.parser().parse_args(args)
     try:
-        model, parallel, precision, train = cli_args.configs(vars(parsed))
+        model, parallel, precision, train = trial.configs(vars(parsed))
         TrialSpec(model, parallel, precision, train)
     except ConfigError as exc:
         _assert_named(exc)

@@ -4,8 +4,8 @@ peers comparison runs without clipping (workflows/common.smk, PEERS)."""
 
 import torch
 
-from zerobench.parallel.comms import Comms
-from zerobench.zero.optimizer import clip_, global_grad_norm
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.zero.optimizer import clip_, global_grad_norm
 
 
 def _gradients() -> list[torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.fitting import external, fit
 from zerobench.fitting.external import DATA, HOLDOUT_OUT, expressible, load, validate
 from zerobench.perfmodel.constants import DEFAULT

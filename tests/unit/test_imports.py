@@ -4,8 +4,11 @@ Every module of zerobench is parsed (never imported), and every import counts, t
 functions too: an in-function import hides a cycle from Python, not from this test. The layers,
 top to bottom; a module may import its own layer and those below it:
 
-    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers -> perfmodel, runtime
-    -> zero -> parallel -> the ground floor (config, fields, trial, results, model, ...)
+    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers -> perfmodel
+    -> the engine (engine.runtime -> engine.zero -> engine.parallel -> engine.config, model, ...)
+    -> the ground floor (memory, flops, results, clock, gpus)
+
+The engine (zerobench/engine/) is readable alone: it imports itself and the ground floor only.
 """
 
 import ast
@@ -17,14 +20,18 @@ import zerobench
 
 ROOT = Path(zerobench.__file__).resolve().parent
 LAYERS = (
-    ("cli", "checks", "fitting"),  # the seam and the tools that use everything below
+    ("cli", "cli_args", "checks", "fitting"),  # the seam and the tools that use everything below
     ("artifacts",),
     ("sweeps", "calibrate", "peers"),
-    ("perfmodel", "runtime"),
-    ("zero",),
-    ("parallel",),
-    ("config", "fields", "trial", "results", "model", "memory", "flops", "cli_args", "clock"),
+    ("perfmodel",),
+    ("engine.runtime",),
+    ("engine.zero",),
+    ("engine.parallel",),
+    ("engine", "engine.config", "engine.fields", "engine.trial", "engine.model"),
+    ("memory", "flops", "results", "clock", "gpus"),  # the ground floor
 )
+ENGINE = LAYERS.index(("engine.runtime",))
+GROUND = len(LAYERS) - 1
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -117,9 +124,10 @@ def layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1:
         return 0
-    for i, names in enumerate(LAYERS):
-        if parts[1] in names:
-            return i
+    for key in (".".join(parts[1:3]), parts[1]):  # an engine folder first, then a top-level name
+        for i, names in enumerate(LAYERS):
+            if key in names:
+                return i
     raise AssertionError(f"{module}: in no layer; add {parts[1]!r} to LAYERS")
 
 
@@ -130,6 +138,13 @@ def test_the_package_has_no_import_cycle():
 def test_imports_run_down_the_layers():
     upward = [f"{a} -> {b}" for a, b, _, _ in imports(ROOT) if layer(b) < layer(a)]
     assert upward == []
+
+
+def test_the_engine_imports_nothing_of_the_tooling():
+    # someone who wants only the ZeRO engine reads zerobench/engine/ and the ground floor
+    outside = sorted(f"{a} -> {b}" for a, b, _, _ in imports(ROOT)
+                     if ENGINE <= layer(a) < GROUND and not ENGINE <= layer(b))  # fmt: skip
+    assert outside == []
 
 
 def test_in_function_imports_say_why():

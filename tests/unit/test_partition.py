@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from zerobench.zero.partition import FlatLayout, coalesce
+from zerobench.engine.zero.partition import FlatLayout, coalesce
 
 SHAPES = [("a", (3, 5)), ("b", (7,)), ("c", (4, 4)), ("d", (1,)), ("e", (10,))]
 
@@ -60,7 +60,7 @@ def test_coalesce_joins_only_pieces_that_follow_one_another_in_one_storage():
 def test_buffer_pool_reuses_by_length_until_cleared_and_never_under_fake_tensors():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from zerobench.zero.buffers import BufferPool
+    from zerobench.engine.zero.buffers import BufferPool
 
     pool = BufferPool(torch.float32, torch.device("cpu"))
     a = pool.take(8)

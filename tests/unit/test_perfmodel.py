@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from zerobench.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel import DEFAULT, estimate_text, get_profile, layout, model_record, network, predict
 from zerobench.perfmodel.compute import flops_per_gpu
@@ -210,7 +210,7 @@ def test_estimate_text():
 
 
 def test_perfmodel_never_imports_torch():
-    code = "import sys, zerobench.artifacts.modelled; sys.exit('torch' in sys.modules)"
+    code = "import sys, zerobench.artifacts.in_process; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -1,4 +1,4 @@
-"""The traced step (zerobench/runtime/trace.py) and Table 1 from three routes (zerobench/artifacts/table1.py)."""
+"""The traced step (zerobench/engine/runtime/trace.py) and Table 1 from three routes (zerobench/artifacts/table1.py)."""
 
 from decimal import Decimal
 
@@ -9,10 +9,10 @@ import torch.distributed as dist
 from tests.engine_cases import spec_for
 from zerobench import memory
 from zerobench.artifacts.table1 import MODELS, printed, table1, traced_cells, traced_state_bytes
-from zerobench.config import ParallelConfig, PrecisionConfig
-from zerobench.model import GPT
-from zerobench.runtime.trace import StorageCounter, fake_world, trace_record, trace_states, trace_step
-from zerobench.trial import TrialSpec
+from zerobench.engine.config import ParallelConfig, PrecisionConfig
+from zerobench.engine.model import GPT
+from zerobench.engine.runtime.trace import StorageCounter, fake_world, trace_record, trace_states, trace_step
+from zerobench.engine.trial import TrialSpec
 
 
 def test_counter_files_bytes_by_category_and_keeps_the_peak():

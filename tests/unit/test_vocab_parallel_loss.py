@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zerobench.parallel.comms import Comms
-from zerobench.parallel.tensor_parallel import TensorParallel, VocabShard, vocab_parallel_cross_entropy
-from zerobench.parallel.topology import Group
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.tensor_parallel import TensorParallel, VocabShard, vocab_parallel_cross_entropy
+from zerobench.engine.parallel.topology import Group
 
 TP = TensorParallel(Group("mp", 1, 0), Comms())  # a group of one: its all-reduces are no-ops
 

@@ -1,5 +1,5 @@
 """Sheets of trials (zerobench/sweeps/sheets.py), the largest-that-fits policy (zerobench/sweeps/search.py),
-modelled groups in one process (zerobench/sweeps/modelled.py) and a paper sheet planned on SLURM as
+modelled groups in one process (zerobench/sweeps/groups.py) and a paper sheet planned on SLURM as
 measured trials."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import yaml
 
 from zerobench import cli
 from zerobench.artifacts import tables
-from zerobench.config import PRESETS, ConfigError, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import PRESETS, ConfigError, ParallelConfig, PrecisionConfig
 from zerobench.perfmodel import get_profile
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import max_micro_batch
-from zerobench.sweeps import modelled as sweep
+from zerobench.sweeps import groups as sweep
 from zerobench.sweeps import sheets
 from zerobench.sweeps.search import largest_that_fits
 
@@ -100,8 +100,8 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
     """The CLI's loop around the trial runner: each attempt a run; here a stand-in runner whose
     budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
+    from zerobench.engine.trial import new_record
     from zerobench.results import read_record
-    from zerobench.trial import new_record
 
     ran = []
 
@@ -218,7 +218,7 @@ def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
 
 
 def test_the_sheet_schema_is_the_field_table():
-    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/fields.py
+    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/engine/fields.py
     (`python -m zerobench.sweeps.sheets` rewrites them after a field is added)."""
     with open(sheets.SCHEMA) as f:
         schema = yaml.safe_load(f)
@@ -231,21 +231,21 @@ def test_the_sheet_schema_is_the_field_table():
 
 
 def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
-    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/fields.py: from it
+    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/engine/fields.py: from it
     the `run` flag, the sheet field, the trial-id tag and the value in the configs."""
-    from zerobench import cli_args
-    from zerobench.fields import FIELDS
+    from zerobench.engine.fields import FIELDS
+    from zerobench.engine.trial import configs
 
     assert FIELDS["weight_decay"].default == 0.0  # TrainConfig's own default
     args = cli.parser().parse_args(["run", "--weight-decay", "0.1"])
-    assert cli_args.configs(vars(args))[3].weight_decay == 0.1
+    assert configs(vars(args))[3].weight_decay == 0.1
     trial = dict(source="measured", model="tiny", dp=2, weight_decay=0.1)
     sheets.check_sheet({"trials": [dict(source="measured", base=dict(weight_decay=0.1))]}, "t")  # a sheet field
     assert sheets.trial_id(trial) == "measured_tiny-dp2-wd0.1"
     assert sheets.trial_flags(trial) == ["--model", "tiny", "--dp", "2", "--weight-decay", "0.1"]
-    assert cli_args.configs({**trial, "command": "run"})[3].weight_decay == 0.1
+    assert configs({**trial, "command": "run"})[3].weight_decay == 0.1
     with pytest.raises(ConfigError, match="^weight_decay="):
-        cli_args.configs({"weight_decay": -1.0})
+        configs({"weight_decay": -1.0})
 
 
 def test_every_sheet_names_its_own_registry_entry():

@@ -17,8 +17,8 @@ import pandas as pd
 
 from zerobench.artifacts import vs_measured as vs
 from zerobench.artifacts.common import error_pct, state_bytes
-from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
-from zerobench.fields import MiB
+from zerobench.engine.config import BYTES_PER_PARAM, STAGE_LABELS
+from zerobench.engine.fields import MiB
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 

@@ -2,7 +2,7 @@
 
 Leave-one-source-out (each A100 source judged with constants fitted on the others,
 results/external_loso.csv) and the frozen holdout scored once (results/external_holdout.csv): both
-written by the commands in README "External validation" (fitting/error_bands.py,
+written by the commands in README "External validation" (fitting/write_bands.py,
 fitting/external.py). Reads the CSVs only; no fitting import.
 """
 

@@ -11,7 +11,7 @@ from statistics import median
 import pandas as pd
 
 from zerobench.artifacts.common import JUDGED
-from zerobench.runtime.probe import SLOW_SPELL, host_speed, slow_spell
+from zerobench.engine.runtime.probe import SLOW_SPELL, host_speed, slow_spell
 
 
 def run_speeds(runs: list[dict], reference) -> list[float | None]:

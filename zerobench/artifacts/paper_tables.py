@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from zerobench.artifacts.common import paper, row
-from zerobench.config import NOMINAL_BILLIONS
+from zerobench.engine.config import NOMINAL_BILLIONS
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import GiB, get_profile
 

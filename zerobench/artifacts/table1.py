@@ -21,9 +21,16 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench import memory
-from zerobench.config import NOMINAL_BILLIONS, PRESETS, STAGE_LABELS, ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import (
+    NOMINAL_BILLIONS,
+    PRESETS,
+    STAGE_LABELS,
+    ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
+)
+from zerobench.engine.trial import TrialSpec
 from zerobench.results import load_paper_reference
-from zerobench.trial import TrialSpec
 
 GB = 1e9  # the paper's GB
 STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}
@@ -47,9 +54,9 @@ def printed(value: float, like: str, truncate: bool) -> Decimal:
 
 
 def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
-    """Per-rank model-state bytes of this engine, traced (see `zerobench.runtime.trace.trace_states`)."""
+    """Per-rank model-state bytes of this engine, traced (see `zerobench.engine.runtime.trace.trace_states`)."""
     # torch only when a cell is traced in this process: building the table from records stays light
-    from zerobench.runtime.trace import trace_states
+    from zerobench.engine.runtime.trace import trace_states
 
     spec = TrialSpec(model, ParallelConfig(dp=nd, stage=stage), PRECISION)
     return sum(trace_states(spec).values())

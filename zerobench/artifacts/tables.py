@@ -18,7 +18,7 @@ from zerobench.artifacts import registry
 from zerobench.artifacts.common import error_pct, state_bytes
 from zerobench.artifacts.table1 import table1 as table1_cells
 from zerobench.artifacts.table1 import traced_build_cells, traced_cells
-from zerobench.config import BYTES_PER_PARAM, STAGE_LABELS
+from zerobench.engine.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.results import load_paper_reference, read_record

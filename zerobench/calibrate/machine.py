@@ -3,11 +3,11 @@ written as a measured hardware profile (perfmodel/profile_file.py) that `model`,
 the workflow take by path or name.
 
 Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
-- compute (zerobench/calibrate/kernels.py), in the compute dtype the engine uses (fp32 on CPU,
+- compute (zerobench/calibrate/kernel_bench.py), in the compute dtype the engine uses (fp32 on CPU,
   where 16-bit matmul is ~300x slower; bf16 on GPU): F.linear over a grid of shapes and the named
   kernels by size, forward and backward through autograd; the engine's Adam and clip per
   parameter; the cost of an op beside its arithmetic, and the ops a layer runs;
-- collectives: all-reduce, reduce-scatter and all-gather through zerobench/parallel/comms.py in spawned
+- collectives: all-reduce, reduce-scatter and all-gather through zerobench/engine/parallel/comms.py in spawned
   gloo (CPU) or NCCL (GPU) worlds of each group size: the mean time per message size (the curve
   the model reads; the median over three runs spread over the calibration), and α + ring volume
   / bandwidth fitted to it (beyond its largest message);
@@ -36,7 +36,7 @@ import torch.multiprocessing as mp
 
 from zerobench.calibrate.concurrency import concurrency_slowdown
 from zerobench.calibrate.engine_runs import MP_STEP_ROUNDS, mp_step_waits, runtime_bytes
-from zerobench.calibrate.kernels import (
+from zerobench.calibrate.kernel_bench import (
     GEMM_PASSES,
     gemm_table,
     kernel_table,
@@ -45,13 +45,13 @@ from zerobench.calibrate.kernels import (
     timed,
 )
 from zerobench.clock import device_clock
-from zerobench.config import ConfigError
-from zerobench.parallel.comms import Comms
-from zerobench.parallel.topology import Group
+from zerobench.engine.config import ConfigError
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.topology import Group
+from zerobench.engine.runtime import probe
+from zerobench.engine.runtime.devices import hardware_profile
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
-from zerobench.runtime import probe
-from zerobench.runtime.devices import hardware_profile
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
 # Calls per message size, and the time kept is their mean, not their median: a step pays every

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from zerobench import results
-from zerobench.cli_args import configs
-from zerobench.fields import FIELDS
+from zerobench.engine.fields import FIELDS
+from zerobench.engine.trial import configs
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
@@ -34,7 +34,7 @@ PREDICTED = {"tflops_per_gpu": "tflops", "peak_allocated_bytes": "peak_bytes"}
 
 
 def trial(model: str, stage: int, micro_batch: int) -> dict:
-    """The trial's fields (zerobench/fields.py): what `zerobench run` is given and what the model
+    """The trial's fields (zerobench/engine/fields.py): what `zerobench run` is given and what the model
     predicts, from the same mapping."""
     return {"model": model, "stage": stage, "micro_batch": micro_batch, "precision": "bf16", "device": "cuda",
             "checkpoint_activations": True, "steps": 3, "warmup": 1}  # fmt: skip

@@ -14,7 +14,7 @@ import pandas as pd
 from zerobench.artifacts.common import paper
 from zerobench.artifacts.paper_tables import _size
 from zerobench.perfmodel.constants import DEFAULT, Calibration
-from zerobench.sweeps.modelled import model_trial
+from zerobench.sweeps.groups import model_trial
 from zerobench.sweeps.sheets import load_sheet, sheet_trials
 
 

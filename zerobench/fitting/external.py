@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.trial import git_revision
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.predict import predict
-from zerobench.trial import git_revision
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "external_runs.csv"
 HOLDOUT_OUT = Path(__file__).resolve().parents[2] / "results" / "external_holdout.csv"

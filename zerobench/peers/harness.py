@@ -1,6 +1,6 @@
 """What every implementation in the side-by-side comparison shares: the same GPT with the same
 initial weights, the same token batches, and one measurement harness run on every rank of a
-world of its own (one spawned gloo world per implementation, zerobench/parallel/spawn.py).
+world of its own (one spawned gloo world per implementation, zerobench/engine/parallel/spawn.py).
 
 The harness times whole optimizer steps (median and spread over the timed steps), records the
 loss of every step averaged over DP ranks, the peak resident set of each rank (VmHWM: the
@@ -22,11 +22,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerobench.model import GPT
-from zerobench.parallel.spawn import spawned
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.trial import TrialSpec
-from zerobench.zero.activations import apply_activation_checkpointing
+from zerobench.engine.model import GPT
+from zerobench.engine.parallel.spawn import spawned
+from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.engine.trial import TrialSpec
+from zerobench.engine.zero.activations import apply_activation_checkpointing
 
 # torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)
 TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3: "fsdp2-reshard"}

@@ -28,10 +28,10 @@ import os
 import platform
 import statistics
 
-from zerobench import trial
+from zerobench.engine import trial
+from zerobench.engine.runtime import probe
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
 from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
-from zerobench.runtime import probe
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",

@@ -26,7 +26,7 @@ kernel is timed from its own shape instead (kernels.measured_compute_time).
 
 from __future__ import annotations
 
-from zerobench.config import ModelConfig
+from zerobench.engine.config import ModelConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile

@@ -1,5 +1,5 @@
 """Peak memory of this engine on a CPU host (a measured, `ranks_share_compute` profile), in the
-bytes a rank's RSS grows by: what zerobench/model.py and zero/ keep at their peak, plus the
+bytes a rank's RSS grows by: what zerobench/engine/model.py and zero/ keep at their peak, plus the
 runtime's own that `zerobench calibrate` measures. The paper's codes on GPUs are feasibility.py's.
 
 Read from the code (and checked against `zerobench trace`, which counts every tensor the engine
@@ -31,7 +31,7 @@ allocates, in tests/unit/test_engine_memory.py); all activations fp32, the CPU c
 
 from __future__ import annotations
 
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import model_state_bytes
 from zerobench.perfmodel.profile import HardwareProfile
 

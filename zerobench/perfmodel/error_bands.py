@@ -4,7 +4,7 @@ A regime is (hardware generation × parallelism kind × scale bucket). Its band 
 of the published runs of that regime the model had not seen: each A100 source's validation rows
 judged with constants fitted on the other sources only (leave-one-source-out), and the frozen
 holdout (docs/perfmodel.md "Error bands"). The bands are read from zerobench/data/error_bands.csv,
-which `python -m zerobench.fitting.error_bands` writes; the model never imports the fitting code.
+which `python -m zerobench.fitting.write_bands` writes; the model never imports the fitting code.
 A regime with fewer than MIN_RUNS held-out runs has no band: it is `unvalidated` (one run's error
 says little about the next run's). The band is of throughput (step
 time, TFLOPS), not of memory.

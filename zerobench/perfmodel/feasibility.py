@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from zerobench.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak

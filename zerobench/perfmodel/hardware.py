@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from zerobench.config import ConfigError
+from zerobench.engine.config import ConfigError
+from zerobench.gpus import peak_flops
 from zerobench.perfmodel import profile_file
 from zerobench.perfmodel.profile import GB, GiB, HardwareProfile
 
@@ -26,7 +27,7 @@ PROFILES: dict[str, HardwareProfile] = {
     # (paper §6: 12.5 GB/s per link); PCIe Gen3 x16 15.75 GB/s, two GPUs per PCIe switch uplink;
     # the paper's software is CUDA 10.0 (paper §6), hence the alignment rule below.
     "v100-32gb-dgx2": HardwareProfile(
-        name="v100-32gb-dgx2", gpu="V100-SXM3-32GB", peak_flops=125e12, memory_bytes=32 * GiB,
+        name="v100-32gb-dgx2", gpu="V100-SXM3-32GB", peak_flops=peak_flops("v100-32gb-dgx2"), memory_bytes=32 * GiB,
         hbm_bw=900e9, gpus_per_node=16, intra_bw=150e9, nic_bw=12.5e9, nics_per_node=8, host_bw=7.9e9,
         tensor_core_align=8, unaligned_flops=31.4e12,  # V100 datasheet: fp16 without tensor cores = 2 x 15.7 fp32
     ),
@@ -34,19 +35,19 @@ PROFILES: dict[str, HardwareProfile] = {
     # bidirectional = 300 per direction; DGX A100: 8 × 200 Gb/s HDR; PCIe Gen4 x16 31.5 GB/s,
     # two GPUs per PCIe switch.
     "a100-80gb": HardwareProfile(
-        name="a100-80gb", gpu="A100-SXM4-80GB", peak_flops=312e12, memory_bytes=80 * GiB,
+        name="a100-80gb", gpu="A100-SXM4-80GB", peak_flops=peak_flops("a100-80gb"), memory_bytes=80 * GiB,
         hbm_bw=2039e9, gpus_per_node=8, intra_bw=300e9, nic_bw=25e9, nics_per_node=8, host_bw=15.75e9,
     ),
     # H100 datasheet (SXM5 80GB): 989 TFLOPS dense bf16, 3.35 TB/s HBM3, 80 GB; NVLink4 900 GB/s
     # bidirectional = 450 per direction; DGX H100: 8 × 400 Gb/s NDR; PCIe Gen5 x16 63 GB/s.
     "h100-80gb": HardwareProfile(
-        name="h100-80gb", gpu="H100-SXM5-80GB", peak_flops=989e12, memory_bytes=80 * GiB,
+        name="h100-80gb", gpu="H100-SXM5-80GB", peak_flops=peak_flops("h100-80gb"), memory_bytes=80 * GiB,
         hbm_bw=3350e9, gpus_per_node=8, intra_bw=450e9, nic_bw=50e9, nics_per_node=8, host_bw=63e9,
     ),
     # H200 datasheet (SXM 141GB): 989 TFLOPS dense bf16, 4.8 TB/s HBM3e, 141 GB; NVLink 900 GB/s
     # bidirectional; DGX H200: 8 × 400 Gb/s NDR; PCIe Gen5 x16 63 GB/s.
     "h200-141gb": HardwareProfile(
-        name="h200-141gb", gpu="H200-SXM-141GB", peak_flops=989e12, memory_bytes=141 * GB,
+        name="h200-141gb", gpu="H200-SXM-141GB", peak_flops=peak_flops("h200-141gb"), memory_bytes=141 * GB,
         hbm_bw=4800e9, gpus_per_node=8, intra_bw=450e9, nic_bw=50e9, nics_per_node=8, host_bw=63e9,
     ),
 }  # fmt: skip

@@ -4,7 +4,7 @@ experiments themselves (models, GPUs, MP, batches) are the sheets' trials, workf
 
 from __future__ import annotations
 
-from zerobench.config import ZERO_CONFIGS, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import ZERO_CONFIGS, ParallelConfig, PrecisionConfig
 
 PAPER_PRECISION = PrecisionConfig(mode="fp16", device="cuda")  # paper §6: fp16/fp32 mixed precision
 # C_B: DeepSpeed's hyperscale configs use a 5e8-element reduce and a 2e8-element all-gather bucket

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.trial import new_record, trial_columns
 from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network
 from zerobench.perfmodel.constants import DEFAULT, Calibration
@@ -19,7 +20,6 @@ from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.kernels import check_attention
-from zerobench.trial import new_record, trial_columns
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ class HardwareProfile:
     measured: bool = False  # rates are achieved rates: the model applies no efficiency to them
     # ((tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s), ...): F.linear per shape
     gemm_table: tuple = ()
-    # ((kernel, size, forward s, backward s), ...): the named kernels (calibrate/kernels.py) by size,
+    # ((kernel, size, forward s, backward s), ...): the named kernels (calibrate/kernel_bench.py) by size,
     # the optimizer's `adam` and `clip` among them (size: parameters updated; forward: the step)
     kernel_table: tuple = ()
     op_overhead_s: float = 0.0  # seconds an op costs beside its arithmetic (forward or backward)

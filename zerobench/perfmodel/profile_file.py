@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from zerobench.config import ConfigError
+from zerobench.engine.config import ConfigError
 from zerobench.perfmodel.profile import HardwareProfile
 
 FORMAT = "zerobench-hardware-profile/2"  # /2: Adam and clip by size, in the kernel table

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from zerobench.config import ConfigError
-from zerobench.trial import TrialSpec
+from zerobench.engine.config import ConfigError
+from zerobench.engine.trial import TrialSpec
 
 SEARCHED = {"micro_batch_policy": "micro_batch", "layers_policy": "layers"}  # policy field -> the size it picks
 

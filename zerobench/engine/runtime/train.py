@@ -1,0 +1,194 @@
+"""The measured trial (`source: measured`): build the trained thing from the plain model, warm up,
+time steps, and make the record. The rank worker and the launcher are in zerobench/engine/runtime/launch.py.
+
+The trained thing is composed, as torchtitan composes it: the plain GPT (zerobench/engine/model.py) is
+built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3),
+checkpointed per block with ZeRO-R's P_a / P_a+cpu / M_D (`apply_activation_checkpointing`, §6),
+and wrapped in its ZeRO-DP stage's engine (`apply_zero`, §5), which allocates on the device only
+what its stage keeps and fills it from the model's initial values, one parameter at a time."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from zerobench import flops, memory
+from zerobench.engine.model import GPT
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.megatron import apply_tensor_parallel
+from zerobench.engine.runtime import allocator, faults, probe, snapshot
+from zerobench.engine.runtime.batches import micro_batches, token_source
+from zerobench.engine.runtime.devices import StepTimer, hardware_profile, peak_memory
+from zerobench.engine.trial import TrialSpec
+from zerobench.engine.zero import apply_zero
+from zerobench.engine.zero.activations import apply_activation_checkpointing, checkpoint_store
+from zerobench.gpus import mfu
+
+
+def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms) -> GPT:
+    """This rank's model on the meta device (shapes only, nothing allocated): split over its MP
+    group, checkpointed as the spec says, in the storage dtype. The engine allocates it."""
+    with torch.device("meta"):
+        model = GPT(spec.model)
+    apply_tensor_parallel(model, ctx.mp, comms)
+    if spec.parallel.checkpoint_activations:
+        apply_activation_checkpointing(model, spec.parallel, ctx.mp, comms)
+    return model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
+
+
+def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
+    """The model and its engine for this rank (every stage, every precision), built in the memory
+    it trains in: the engine allocates only what its stage keeps and fills it from the
+    single-process model's initial values, one parameter at a time (paper §5.3: no rank holds the
+    whole model)."""
+    model = build_model(spec, ctx, comms)
+    values = model.initial_values(spec.train.seed, device)
+    return apply_zero(model, ctx, spec.parallel, spec.precision, spec.train, comms, device, values)
+
+
+def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
+    """Run `steps` optimizer steps; returns this rank's mean micro-batch loss of each step.
+    `on_step(step, loss)` is called after each."""
+    data = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed)
+    losses = []
+    for step in range(first_step, first_step + steps):
+        faults.at_step(step, ctx.rank)  # watchdog progress; the injected fault, if any
+        tokens = data.global_batch(step, spec.global_batch).to(engine.device)
+        total = 0.0
+        mbs = list(micro_batches(tokens, spec.train.grad_accum, ctx.dp.size, ctx.dp.rank))
+        for i, (x, y) in enumerate(mbs):
+            loss = engine.model(x, y)
+            engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
+            total += loss.item()
+        engine.step()
+        losses.append(total / len(mbs))
+        if on_step:
+            on_step(step, losses[-1])
+    return losses
+
+
+class StepLog:
+    """One line per step on stderr (rank 0 only): step, loss, seconds per step, tokens per second
+    (over all ranks) and memory (peak allocated on GPU, peak RSS on CPU), so a long trial shows
+    its progress. The seconds are wall time between the lines."""
+
+    def __init__(self, spec: TrialSpec, rank: int, device: torch.device):
+        self.tokens = spec.global_batch * spec.model.seq  # per step, all DP ranks
+        self.on, self.device = rank == 0, device
+        self.last = time.perf_counter()
+
+    def __call__(self, step: int, loss: float) -> None:
+        if not self.on:
+            return
+        if self.device.type == "cuda":  # no synchronize: the step's loss.item() already waited
+            mem = f"peak allocated {torch.cuda.max_memory_allocated(self.device) / 2**20:.0f} MiB"
+        else:
+            mem = f"peak RSS {memory.peak_rss_bytes() / 2**20:.0f} MiB"
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        print(f"step {step} loss {loss:.4f} {seconds:.3f} s/step {self.tokens / seconds:.0f} tokens/s {mem}",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+
+def _check_cap(spec: TrialSpec, used: float, what: str) -> str | None:
+    """The oom message when `used` bytes per rank exceed the trial's memory cap, else None."""
+    if spec.mem_cap_bytes is None or used <= spec.mem_cap_bytes:
+        return None
+    return f"{what} {used / 2**20:.1f} MiB per rank exceed the cap of {spec.mem_cap_bytes / 2**20:.1f} MiB"
+
+
+def measure(spec: TrialSpec, ctx, device) -> dict:
+    """Every rank: build, warm up, time `spec.train.steps` steps; returns the record (the same on
+    every rank: losses and peaks are reduced over the ranks)."""
+    # The host's speed before and after (runtime/probe.py), outside the window memory is measured
+    # in: rank 0 reads it while the others wait at a collective, so nothing shares the host with it.
+    before = probe.read(str(device)) if ctx.rank == 0 else [0.0] * 4
+    Comms().all_reduce(torch.zeros(1, device=device), ctx.world)
+    rss_base = memory.reset_peak_rss()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    comms = Comms()
+    engine = build_engine(spec, ctx, comms, device)
+    # the construction's peak: what the build added to RSS on CPU, the most allocated on GPU
+    built = peak_memory(device)
+    build_peak = built[1] if device.type == "cuda" else built[0] - rss_base
+    if spec.mem_cap_bytes is not None:  # model states alone over the cap: stop before training (every rank)
+        states = torch.tensor([float(sum(engine.model_state_bytes().values()))], dtype=torch.float64, device=device)
+        Comms().all_reduce(states, ctx.world, op=dist.ReduceOp.MAX)
+        if message := _check_cap(spec, float(states), "model states"):
+            raise MemoryError(message)
+    log = StepLog(spec, ctx.rank, device)
+    first = snapshot.load(engine, spec.resume)["data_position"] if spec.resume else 0
+    train_steps(engine, spec, ctx, spec.train.warmup, first, on_step=log)
+    comms.ledger.reset()  # count the timed steps only
+    timer = StepTimer(device)
+    timer.mark()
+
+    def timed(step: int, loss: float) -> None:
+        timer.mark()
+        log(step, loss)
+
+    first += spec.train.warmup
+    losses = train_steps(engine, spec, ctx, spec.train.steps, first, on_step=timed)
+    times = timer.times()
+    if spec.save:
+        end = first + spec.train.steps
+        snapshot.save(engine, end, end, spec.save, config=spec.to_dict())
+    # Mean loss over DP ranks and the worst peak memory over all ranks, on a ledger of their own
+    # so the engine's traffic stays clean.
+    metrics = Comms()
+    loss_t = torch.tensor(losses, dtype=torch.float64, device=device)
+    metrics.all_reduce(loss_t, ctx.dp)
+    loss_t /= ctx.dp.size
+    peak = peak_memory(device)
+    after = probe.read(str(device)) if ctx.rank == 0 else [0.0] * 4
+    # rank 0's probe readings ride along (0 elsewhere): the record is the same on every rank
+    peaks = torch.tensor([*peak, peak[0] - rss_base, build_peak, *before, *after], dtype=torch.float64, device=device)
+    metrics.all_reduce(peaks, ctx.world, op=dist.ReduceOp.MAX)
+    host_probe = [[int(n), int(size), gemm, copy] for n, size, gemm, copy in peaks[5:].view(2, 4).tolist()]
+    step_time = statistics.median(times)
+    steps = spec.train.steps
+    comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
+            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    achieved = flops.step_flops(spec.model, spec.global_batch, spec.parallel.checkpoint_activations) / step_time
+    tflops = achieved / spec.parallel.world_size / 1e12
+    profile = hardware_profile(device)
+    cuda = device.type == "cuda"
+    store = checkpoint_store(engine.model)  # activation checkpoints (ZeRO-R P_a, P_a+cpu)
+    # what the cap is checked against: memory the trial added on CPU, peak allocated on GPU
+    over = _check_cap(spec, float(peaks[1] if cuda else peaks[3]), "peak allocated" if cuda else "peak RSS growth")
+    return spec.record(
+        "measured",
+        status="oom" if over else "ok",
+        error=over,
+        hardware=profile,
+        **engine.model_state_bytes(),
+        activation_bytes=store.peak_device_bytes if store else None,  # peak checkpoint bytes on the device
+        step_time_s=step_time,
+        step_time_min_s=min(times),
+        step_time_max_s=max(times),
+        samples_per_s=spec.global_batch / step_time,
+        tokens_per_s=spec.global_batch * spec.model.seq / step_time,
+        tflops_per_gpu=tflops,
+        mfu=mfu(tflops, profile),
+        peak_rss_bytes=int(peaks[0]),
+        peak_allocated_bytes=int(peaks[1]) if cuda else None,
+        peak_reserved_bytes=int(peaks[2]) if cuda else None,
+        build_peak_bytes=int(peaks[4]),
+        comm=comm,
+        losses=[float(v) for v in loss_t],
+        first_loss=float(loss_t[0]),
+        last_loss=float(loss_t[-1]),
+        extra={
+            "rss_growth_bytes": int(peaks[3]),
+            "allocator": allocator.in_use(),
+            "host_probe": host_probe,  # readings before the build, after the timed steps (runtime/probe.py)
+            **({"checkpoint_host_bytes": store.peak_host_bytes} if store else {}),
+            **({"fragmentation_bytes": int(peaks[2] - peaks[1])} if cuda else {}),
+        },
+    )

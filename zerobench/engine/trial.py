@@ -1,0 +1,293 @@
+"""One trial: its spec (`TrialSpec`) and the one record every source writes (`TrialRecord`).
+
+A record's `source` says where its numbers come from — `measured` (real steps of the engine,
+engine/runtime/train.py), `traced` (the engine under FakeTensorMode, engine/runtime/trace.py),
+`modelled` (the performance model) — and `status` whether the trial produced them (`ok`) or why not (`oom`,
+`infeasible`, `timeout`, `error`, with `error` holding the message). The columns are the fields of
+`TrialRecord`, written here once; `trial_columns` is the one translation of a configuration into
+them, and `configs` the one translation of a trial's field values into the validated configs.
+This module imports no torch, so the workflow's aggregate and report steps stay light.
+
+Default precision, one rule (`default_precision`): the paper's mixed precision, fp16 (2 + 2 + 12
+bytes per parameter, paper §3.1), unless the trial computes real steps on a CPU, where 16-bit
+matmul is ~300× slower, so fp32 (4 + 4 + 8). So `trace`, `model` and `estimate` default to fp16,
+and `run` and `peers` on `--device cpu` to fp32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import platform
+import subprocess
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from zerobench.engine.config import (
+    ZERO_CONFIGS,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    TrainConfig,
+    preset,
+)
+from zerobench.engine.fields import FIELDS, SOURCES, MiB
+
+STATUSES = ("ok", "oom", "infeasible", "timeout", "error")
+COMPUTING_COMMANDS = ("run", "peers")  # the commands that compute real steps (default_precision)
+
+
+def default_precision(device: str, computes: bool) -> str:
+    """fp32 for a trial that computes real steps (`computes`) on a CPU, else fp16 (see above)."""
+    return "fp32" if computes and device == "cpu" else "fp16"
+
+
+@functools.cache  # fixed for the process; a sweep writes thousands of records
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "deepspeed"):
+        try:
+            from importlib.metadata import version
+
+            out[pkg] = version(pkg)
+        except Exception:  # not installed: leave it out
+            pass
+    return out
+
+
+@functools.cache
+def git_revision() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRecord:
+    """Every column of a record (None where it does not apply to the source); `extra` holds a
+    source's own further fields, written beside the columns."""
+
+    source: str
+    status: str = "ok"
+    error: str | None = None
+    # the model
+    model: str | None = None
+    num_params: int | None = None
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    seq: int | None = None
+    vocab: int | None = None
+    # the layout, ZeRO and precision
+    dp: int | None = None
+    mp: int | None = None
+    world_size: int | None = None
+    stage: int | None = None
+    checkpoint_activations: bool | None = None
+    partition_activations: bool | None = None
+    offload_activations: bool | None = None
+    contiguous_buffers: bool | None = None
+    bucket_bytes: int | None = None
+    precision: str | None = None
+    device: str | None = None
+    hardware: str | dict | None = None
+    # the batch
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    global_batch: int | None = None
+    steps: int | None = None
+    # speed
+    step_time_s: float | None = None
+    step_time_min_s: float | None = None
+    step_time_max_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    # modelled only: the held-out error % of the layout's regime, or "unvalidated" (perfmodel/error_bands.py)
+    error_band_pct: float | str | None = None
+    # memory per rank, bytes
+    param_bytes: int | None = None
+    grad_bytes: int | None = None
+    optimizer_bytes: int | None = None
+    activation_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    # the peak while the engine is built (construction), beside the training peak above: measured
+    # (RSS growth on CPU, max allocated on GPU), traced (the counter's) or modelled
+    build_peak_bytes: int | None = None
+    # communication and training
+    comm: dict | None = None
+    losses: list | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    # provenance
+    versions: dict = field(default_factory=versions)
+    git_rev: str | None = field(default_factory=git_revision)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"source={self.source!r}: must be one of {SOURCES}")
+        if self.status not in STATUSES:
+            raise ValueError(f"status={self.status!r}: must be one of {STATUSES}")
+
+    def as_dict(self) -> dict:
+        """The record as written: the columns in order, then the extras."""
+        out = {name: getattr(self, name) for name in COLUMNS}
+        out.update(self.extra)
+        return out
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(TrialRecord) if f.name != "extra")
+
+
+def new_record(source: str, **fields) -> dict:
+    """A record (as written) with every column present; unknown column names are refused."""
+    unknown = set(fields) - set(COLUMNS) - {"extra"}
+    if unknown:
+        raise ValueError(f"unknown record fields: {sorted(unknown)}")
+    return TrialRecord(source=source, **{**fields, "extra": fields.get("extra") or {}}).as_dict()
+
+
+def _columns(prefix: str, **configs) -> dict:
+    """The record columns of the trial fields (zerobench/engine/fields.py) read from `configs` by name,
+    those whose attribute starts with `prefix`."""
+    out = {}
+    for f in FIELDS.values():
+        if f.column and f.column[1].startswith(prefix):
+            config, attribute = f.column[1].split(".")
+            out[f.column[0]] = getattr(configs[config], attribute)
+    return out
+
+
+def model_columns(model: ModelConfig) -> dict:
+    return {**_columns("model.", model=model), "num_params": model.num_params}
+
+
+def trial_columns(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, train: TrainConfig) -> dict:
+    """The columns a configuration fills, for every source (a modelled record passes `device`
+    and `hardware` itself): the trial fields' own, and what follows from them."""
+    return {
+        **_columns("", model=model, parallel=parallel, precision=precision, train=train),
+        "num_params": model.num_params,
+        "world_size": parallel.world_size,
+        "global_batch": global_batch(parallel, train),
+    }
+
+
+def global_batch(parallel: ParallelConfig, train: TrainConfig) -> int:
+    """Sequences per optimizer step, over all DP ranks."""
+    return train.micro_batch * train.grad_accum * parallel.dp
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    model: ModelConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out: str | None = None
+    timeout_s: float = FIELDS["timeout"].default  # a collective that waits longer than this fails the trial
+    data: str = (
+        "synthetic"  # token source: "synthetic" or a text corpus (zerobench.engine.runtime.batches.token_source)
+    )
+    mem_cap_bytes: int | None = None  # per-rank memory budget; a trial that would exceed it is status oom
+    resume: str | None = None  # a training-state snapshot to load first; steps continue from its data position
+    save: str | None = None  # where to write a snapshot after the timed steps (zerobench.engine.runtime.snapshot)
+
+    def __post_init__(self):
+        self.parallel.check_model(self.model)
+
+    @property
+    def global_batch(self) -> int:
+        return global_batch(self.parallel, self.train)
+
+    def record(self, source: str, **fields) -> dict:
+        """This trial's record from `source` with the given measurements (as written)."""
+        extra = {"data": self.data, "mem_cap_bytes": self.mem_cap_bytes, **(fields.pop("extra", None) or {})}
+        columns = trial_columns(self.model, self.parallel, self.precision, self.train)
+        return new_record(source, **{**columns, **fields}, extra=extra)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrialSpec:
+        train = dict(d["train"], betas=tuple(d["train"]["betas"]))
+        return cls(
+            model=ModelConfig(**d["model"]),
+            parallel=ParallelConfig(**d["parallel"]),
+            precision=PrecisionConfig(**d["precision"]),
+            train=TrainConfig(**train),
+            **{k: d[k] for k in ("out", "timeout_s")},
+            **{k: d[k] for k in ("data", "mem_cap_bytes", "resume", "save") if k in d},
+        )
+
+
+def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig]:
+    """Validated configs from a trial's field values (parsed flags, or a sheet's trial; a field
+    not given takes its default, and `command` says which command runs it); raises ConfigError
+    naming the field."""
+    args = SimpleNamespace(**{**{name: f.default for name, f in FIELDS.items()}, "command": None, **values})
+    model = preset(args.model).with_overrides(
+        layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab
+    )
+    dp = args.dp
+    gpus = args.gpus
+    if gpus is not None:
+        if args.mp < 1:  # before `gpus % mp` below
+            raise ConfigError(f"mp={args.mp}: must be an integer >= 1")
+        if gpus < 1 or gpus % args.mp:
+            raise ConfigError(f"gpus={gpus}: must be a positive multiple of mp ({args.mp})")
+        if dp is not None and dp * args.mp != gpus:
+            raise ConfigError(f"dp={dp}: dp × mp must equal gpus ({gpus})")
+        dp = gpus // args.mp
+    zero = dict(ZERO_CONFIGS[args.zero_config]) if args.zero_config else {}
+    if args.stage is not None:
+        if zero and zero["stage"] != args.stage:
+            raise ConfigError(f"stage={args.stage}: conflicts with zero-config {args.zero_config}")
+        zero["stage"] = args.stage
+    switches = ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers")
+    for name in switches:
+        zero[name] = zero.get(name, False) or getattr(args, name)
+    if zero["partition_activations"]:
+        zero["checkpoint_activations"] = True  # P_a partitions the checkpoints, so it implies them
+    parallel = ParallelConfig(
+        dp=1 if dp is None else dp,
+        mp=args.mp,
+        bucket_bytes=mib(args.bucket_mb, "bucket_mb"),
+        prefetch_bytes=mib(args.prefetch_mb, "prefetch_mb"),
+        max_live_bytes=mib(args.max_live_mb, "max_live_mb"),
+        persistence_threshold=args.persistence_threshold,
+        reuse_bytes=mib(args.reuse_mb, "reuse_mb") if args.reuse_mb else 0,
+        **zero,
+    )
+    parallel.check_model(model)
+    computes = args.command in COMPUTING_COMMANDS
+    mode = args.precision or default_precision(args.device, computes)
+    precision = PrecisionConfig(mode=mode, device=args.device)
+    train = TrainConfig(**{f.sets: getattr(args, name) for name, f in FIELDS.items() if f.sets})
+    return model, parallel, precision, train
+
+
+def mib(value: float, field: str) -> int:
+    if not 0 < value * MiB < math.inf:  # in bytes, so a huge finite MiB count is refused too
+        raise ConfigError(f"{field}={value!r}: must be a finite number > 0")
+    return max(1, int(value * MiB))
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception as a record's `error`: its type and first line, at most 500 characters."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:500]

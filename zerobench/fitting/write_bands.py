@@ -1,0 +1,64 @@
+"""Write the error bands (zerobench/data/error_bands.csv) that every modelled record carries.
+
+Held-out runs only: each A100 source's validation rows judged with the per-GPU constants fitted on
+the other sources (`fit.loso_rows`, written to results/external_loso.csv), and the frozen holdout
+as scored once (results/external_holdout.csv, `python -m zerobench.fitting.external --holdout`).
+Each run falls in a regime (perfmodel/error_bands.py); a regime's band is the mean |error| of its
+runs, with their count, worst and mean signed error beside. `python -m zerobench.fitting.write_bands`
+takes minutes (one fit per A100 source).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from zerobench.engine.trial import git_revision
+from zerobench.fitting.external import HOLDOUT_OUT, expressible
+from zerobench.fitting.fit import loso_rows
+from zerobench.perfmodel.error_bands import BANDS, regime
+
+LOSO_OUT = HOLDOUT_OUT.with_name("external_loso.csv")
+HOW = {"loso": "leave-one-source-out", "holdout": "frozen holdout"}
+
+
+def heldout_runs(loso: pd.DataFrame, holdout: pd.DataFrame) -> pd.DataFrame:
+    """One row per held-out run the model expresses: source, how it was held out, regime, error."""
+    both = pd.concat([loso.assign(evidence="loso"), holdout[expressible(holdout)].assign(evidence="holdout")])
+    regs = [regime(r.hardware, int(r.gpus), int(r.mp), int(r.stage)) for r in both.itertuples()]
+    return pd.DataFrame({
+        "source": both.source.values, "evidence": both.evidence.values, "hardware": both.hardware.values,
+        "gpus": both.gpus.astype(int).values, "mp": both.mp.astype(int).values, "stage": both.stage.astype(int).values,
+        "generation": [g.generation for g in regs], "kind": [g.kind for g in regs], "scale": [g.scale for g in regs],
+        "error_pct": both.error_pct.values,
+    })  # fmt: skip
+
+
+def bands(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per regime with held-out runs: error_band_pct (mean |error|), runs, worst, bias, evidence."""
+    out = []
+    for (gen, kind, scale), sub in runs.groupby(["generation", "kind", "scale"], sort=True):
+        err = sub.error_pct.astype(float)
+        evidence = "; ".join(f"{src} ({HOW[how]}, {len(s)})" for (src, how), s in sub.groupby(["source", "evidence"]))
+        out.append(dict(generation=gen, kind=kind, scale=scale, error_band_pct=round(err.abs().mean(), 2),
+                        runs=len(sub), worst_pct=round(err.abs().max(), 2), bias_pct=round(err.mean(), 2),
+                        evidence=evidence))  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def write(loso: pd.DataFrame, holdout: pd.DataFrame, path: Path = BANDS) -> pd.DataFrame:
+    """The bands of these held-out runs, written to `path` with the revision that made them."""
+    table = bands(heldout_runs(loso, holdout)).assign(
+        made_by=f"python -m zerobench.fitting.write_bands @ {git_revision()}"
+    )
+    table.to_csv(path, index=False)
+    return table
+
+
+if __name__ == "__main__":
+    loso = loso_rows()
+    loso.to_csv(LOSO_OUT, index=False)
+    table = write(loso, pd.read_csv(HOLDOUT_OUT))
+    with pd.option_context("display.width", 200, "display.max_colwidth", 90):
+        print(table.drop(columns="made_by").to_string(index=False))
