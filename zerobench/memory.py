@@ -10,6 +10,8 @@ from __future__ import annotations
 import resource
 import sys
 
+from zerobench.stages import STATES, rule
+
 # Bytes per parameter held as weights (p), gradients (g) and optimizer state (k) — paper §3.1:
 # mixed precision keeps 16-bit weights and gradients and an fp32 master copy plus Adam's two
 # fp32 moments (k = 12); fp32 training keeps only the two moments (k = 8).
@@ -23,13 +25,9 @@ def model_state_bytes(
 
     Each MP rank holds Ψ/N_m parameters and ZeRO-DP partitions those across N_d (Table 2).
     """
-    p, g, k = pgk
     psi = num_params / mp
-    return {
-        "param_bytes": p * psi / (dp if stage >= 3 else 1),
-        "grad_bytes": g * psi / (dp if stage >= 2 else 1),
-        "optimizer_bytes": k * psi / (dp if stage >= 1 else 1),
-    }
+    partitioned = rule(stage)  # what the stage splits over N_d (stages.py)
+    return {state: b * psi / partitioned.divisor(state, dp) for state, b in zip(STATES, pgk)}
 
 
 def total_model_state_bytes(num_params: float, stage: int, dp: int, mp: int = 1, pgk=BYTES_PER_PARAM["fp16"]) -> float:

@@ -8,7 +8,7 @@ import pytest
 
 from zerobench.artifacts import report, tables
 from zerobench.artifacts.capacity import capacity
-from zerobench.engine.config import BYTES_PER_PARAM
+from zerobench.memory import BYTES_PER_PARAM
 
 PSI = 1000
 

@@ -17,10 +17,10 @@ import pandas as pd
 
 from zerobench.artifacts import vs_measured as vs
 from zerobench.artifacts.common import error_pct, state_bytes
-from zerobench.engine.config import BYTES_PER_PARAM, STAGE_LABELS
 from zerobench.engine.fields import MiB
-from zerobench.memory import total_model_state_bytes
+from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.stages import STAGE_LABELS
 
 
 def measured_largest(trials: pd.DataFrame, cap: float) -> tuple[float | None, str]:

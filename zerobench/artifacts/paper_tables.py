@@ -21,9 +21,9 @@ from zerobench.artifacts.common import paper, row
 from zerobench.engine.config import NOMINAL_BILLIONS
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import GiB, get_profile
+from zerobench.stages import STAGE_LABELS
 
 Pairs = list[tuple[dict, dict]]
-STAGES = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
 PAPER_GB = 32e9  # Table 2's theoretical columns: 32 GB of model states (paper.md §3)
 # the modelled record's time breakdown -> the table's column
 TIMES = {"tflops_per_gpu": "tflops", "step_time_s": "step_s", "compute_s": "compute_s", "mp_comm_s": "mp_comm_s",
@@ -178,7 +178,7 @@ def table2(pairs: Pairs) -> pd.DataFrame:
     searched depth with residual memory (the sheet: batch 1, checkpointing, ZeRO-OS for P_os)."""
     rows = []
     for _, r in pairs:
-        mp, stage, label = r["mp"], r["stage"], STAGES[r["stage"]]
+        mp, stage, label = r["mp"], r["stage"], STAGE_LABELS[r["stage"]]
         theory = PAPER_GB / total_model_state_bytes(1.0, stage, r["dp"], mp) / 1e9
         p = paper("table2", "max_model_size_theoretical", mp=mp, stage_or_config=label)
         rows.append(row("table2", f"MP {mp} {label} theory", theory, p, source="formula", role="formula", mp=mp,

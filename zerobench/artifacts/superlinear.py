@@ -20,8 +20,8 @@ from __future__ import annotations
 import pandas as pd
 
 from zerobench.artifacts.host_speed import run_speeds
-from zerobench.engine.config import STAGE_LABELS
 from zerobench.engine.runtime.probe import SLOW_SPELL, slow_spell
+from zerobench.stages import STAGE_LABELS
 
 # Two timings of the same work that differ by more than this factor mark the run as too noisy to
 # size the effect (stage 3 at N_d = 1 partitions nothing: its step is stage 0's plus hook overhead).

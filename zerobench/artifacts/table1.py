@@ -24,13 +24,13 @@ from zerobench import memory
 from zerobench.engine.config import (
     NOMINAL_BILLIONS,
     PRESETS,
-    STAGE_LABELS,
     ModelConfig,
     ParallelConfig,
     PrecisionConfig,
 )
 from zerobench.engine.trial import TrialSpec
 from zerobench.results import load_paper_reference
+from zerobench.stages import STAGE_LABELS
 
 GB = 1e9  # the paper's GB
 STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}

@@ -18,10 +18,10 @@ from zerobench.artifacts import registry
 from zerobench.artifacts.common import error_pct, state_bytes
 from zerobench.artifacts.table1 import table1 as table1_cells
 from zerobench.artifacts.table1 import traced_build_cells, traced_cells
-from zerobench.engine.config import BYTES_PER_PARAM, STAGE_LABELS
-from zerobench.memory import total_model_state_bytes
+from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.results import load_paper_reference, read_record
+from zerobench.stages import STAGE_LABELS, rule
 from zerobench.sweeps import sheets
 
 TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters
@@ -81,7 +81,7 @@ def comm(records: list[dict]) -> pd.DataFrame:
             if group == "dp":
                 per_op[op] = per_op.get(op, 0.0) + entry["per_step_volume_elements"] / unit
         ours = sum(per_op.values()) if r["status"] == "ok" else None
-        expected = 3.0 if stage == 3 else 2.0
+        expected = rule(stage).volume  # the stage's collectives (stages.py): 2, 2, 2, 3
         rows.append(dict(
             key=f"{STAGE_LABELS[stage]} N_d={dp}", source=r["source"], status=r["status"], model=r["model"],
             num_params=psi, dp=dp, stage=stage, ours=ours, paper=expected, expected=expected,

@@ -167,10 +167,6 @@ def preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-# The paper's names of the ZeRO-DP stages (§5), 0 being plain data parallelism.
-STAGE_LABELS = {0: "baseline", 1: "P_os", 2: "P_os+g", 3: "P_os+g+p"}
-
-
 @dataclass(frozen=True)
 class PrecisionConfig:
     """Storage dtype of weights and gradients, kept apart from the compute dtype: on CPU a 16-bit

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench.engine.config import BYTES_PER_PARAM, ZERO_CONFIGS, ParallelConfig, TrainConfig
+from zerobench.engine.config import ZERO_CONFIGS, ParallelConfig, TrainConfig
+from zerobench.memory import BYTES_PER_PARAM
 
 MiB = 2**20  # bytes; the flags take buffer sizes and budgets in MiB
 SOURCES = ("measured", "traced", "modelled")  # where a record's numbers come from (zerobench/engine/trial.py)

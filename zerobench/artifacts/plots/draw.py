@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 from zerobench.artifacts.plots.bands import errorbar  # noqa: E402
 from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER  # noqa: E402
 from zerobench.artifacts.registry import entry, resolve  # noqa: E402
-from zerobench.engine.config import STAGE_LABELS  # noqa: E402
+from zerobench.stages import STAGE_LABELS  # noqa: E402
 
 
 def _paper_points(ax, x, y, label="paper") -> None:

@@ -18,7 +18,7 @@ from matplotlib.patches import Patch
 from zerobench.artifacts.plots.bands import errorbar
 from zerobench.artifacts.plots.style import COLORS as STAGE_COLORS
 from zerobench.artifacts.plots.style import PAPER
-from zerobench.engine.config import STAGE_LABELS
+from zerobench.stages import STAGE_LABELS
 
 HATCH = {"measured": "", "traced": "..", "modelled": "//", "formula": "xx"}
 SERIES_COLORS = ["tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:red", "tab:purple"]

@@ -8,7 +8,7 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
 from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER
-from zerobench.engine.config import STAGE_LABELS
+from zerobench.stages import STAGE_LABELS
 
 
 def _log2_axis(ax, ticks) -> None:
