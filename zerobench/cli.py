@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+from zerobench import slow_spells
 from zerobench.cli_args import trial_args
 from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError
 from zerobench.engine.runtime import allocator, probe
@@ -205,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
         "--probe-reference",
         metavar="PROFILE",
         help="a calibrated profile: if the host probe read "
-        f"beside the trial says it ran more than {probe.SLOW_SPELL * 100:.0f} %% slower than at calibration, "
+        f"beside the trial says it ran more than {slow_spells.SLOW_SPELL * 100:.0f} %% slower than at calibration, "
         "run it once more",
     )
     run.set_defaults(fn=cmd_run)

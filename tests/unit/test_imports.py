@@ -28,7 +28,7 @@ LAYERS = (
     ("engine.zero",),
     ("engine.parallel",),
     ("engine", "engine.config", "engine.fields", "engine.trial", "engine.model"),
-    ("memory", "flops", "results", "clock", "gpus", "stages"),  # the ground floor
+    ("memory", "flops", "results", "clock", "gpus", "stages", "slow_spells"),  # the ground floor
 )
 ENGINE = LAYERS.index(("engine.runtime",))
 GROUND = len(LAYERS) - 1

@@ -16,6 +16,7 @@ import torch
 from tests.engine_cases import spec_for
 from tests.records import TINY_STEP
 from tests.unit.test_calibrate import CPU
+from zerobench import slow_spells
 from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel import topology
 from zerobench.engine.runtime import probe, train
@@ -50,14 +51,14 @@ def test_read_takes_its_rates_from_the_clock_on_one_thread():
 def test_host_speed_by_hand():
     # GEMM at 50 then 200 GFLOP/s: geometric mean 100 against 125 -> 0.8; copy 4 GB/s against 5 -> 0.8
     trial = [[512, S, 50e9, 4e9], [512, S, 200e9, 4e9]]
-    assert probe.host_speed(trial, [[512, S, 125e9, 5e9]]) == pytest.approx(0.8)
+    assert slow_spells.host_speed(trial, [[512, S, 125e9, 5e9]]) == pytest.approx(0.8)
     # GEMM 0.64 of the calibration's, copy as fast: sqrt(0.64 x 1) = 0.8
-    assert probe.host_speed([reading(0.64, 1.0)], CAL) == pytest.approx(0.8)
-    assert probe.host_speed([reading(2.0, 2.0)], CAL) == pytest.approx(2.0)  # faster than at calibration
+    assert slow_spells.host_speed([reading(0.64, 1.0)], CAL) == pytest.approx(0.8)
+    assert slow_spells.host_speed([reading(2.0, 2.0)], CAL) == pytest.approx(2.0)  # faster than at calibration
     # nothing to compare: no probe on either side, or readings of other sizes
-    assert probe.host_speed(None, CAL) is None and probe.host_speed([reading(1, 1)], ()) is None
-    assert probe.host_speed([[256, S, 1e9, 1e9]], CAL) is None
-    assert probe.host_speed([[512, 2**20, 1e9, 1e9]], CAL) is None
+    assert slow_spells.host_speed(None, CAL) is None and slow_spells.host_speed([reading(1, 1)], ()) is None
+    assert slow_spells.host_speed([[256, S, 1e9, 1e9]], CAL) is None
+    assert slow_spells.host_speed([[512, 2**20, 1e9, 1e9]], CAL) is None
 
 
 @pytest.mark.parametrize(
@@ -65,13 +66,17 @@ def test_host_speed_by_hand():
 )
 def test_host_speed_refuses_a_malformed_reading(bad):
     with pytest.raises(ValueError, match="host_probe"):
-        probe.host_speed(bad, CAL)
+        slow_spells.host_speed(bad, CAL)
 
 
 def test_slow_spell_threshold():
-    assert probe.SLOW_SPELL == 0.15
-    assert probe.slow_spell(0.849) is True and probe.slow_spell(0.85) is False and probe.slow_spell(1.3) is False
-    assert probe.slow_spell(None) is None
+    assert slow_spells.SLOW_SPELL == 0.15
+    assert (
+        slow_spells.slow_spell(0.849) is True
+        and slow_spells.slow_spell(0.85) is False
+        and slow_spells.slow_spell(1.3) is False
+    )
+    assert slow_spells.slow_spell(None) is None
 
 
 def test_measured_record_carries_the_probe_read_outside_its_memory_window(monkeypatch):

@@ -11,7 +11,7 @@ from statistics import median
 import pandas as pd
 
 from zerobench.artifacts.common import JUDGED
-from zerobench.engine.runtime.probe import SLOW_SPELL, host_speed, slow_spell
+from zerobench.slow_spells import SLOW_SPELL, host_speed, slow_spell
 
 
 def run_speeds(runs: list[dict], reference) -> list[float | None]:
@@ -57,7 +57,7 @@ def note(df: pd.DataFrame) -> str:
             "recorded), so a slow spell cannot be told from the model's error."
         )
     slow_rows = int((df.role.eq(JUDGED) & df.slow_spell.eq(True)).sum()) if "slow_spell" in df else 0
-    slow = sum(s < 1 - SLOW_SPELL for s in speeds)
+    slow = sum(bool(slow_spell(s)) for s in speeds)
     return (
         f"Host speed against the calibration's probe over {len(speeds)} probed runs: median {median(speeds):.2f}, "
         f"range {min(speeds):.2f}-{max(speeds):.2f}; {slow} run(s) more than {SLOW_SPELL:.0%} slower set aside, "

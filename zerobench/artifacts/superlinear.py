@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from zerobench.artifacts.host_speed import run_speeds
-from zerobench.engine.runtime.probe import SLOW_SPELL, slow_spell
+from zerobench.slow_spells import SLOW_SPELL, slow_spell
 from zerobench.stages import STAGE_LABELS
 
 # Two timings of the same work that differ by more than this factor mark the run as too noisy to
@@ -187,6 +187,6 @@ def _host(one: pd.Series, more: pd.Series) -> str:
         f"Host speed against the sweep's typical: {speeds[0]:.2f} at N_d=1, {speeds[1]:.2f} at N_d={more.dp:g}; "
         f"normalized by it, N_d={more.dp:g} is {abs(norm):.0f}% {'above' if norm > 0 else 'below'} linear."
     )
-    if speeds.min() < 1 - SLOW_SPELL:
+    if slow_spell(speeds.min()):
         said += f" Caution: one of the pair ran more than {SLOW_SPELL:.0%} slower than typical (a slow spell)."
     return said

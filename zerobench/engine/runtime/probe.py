@@ -8,17 +8,20 @@ from were measured (docs/perfmodel.md, "Measured comparisons on a noisy host").
 A reading is one row (GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s): the sizes it was taken
 at, then its two rates, each the median of REPEATS timings of WINDOW_S or more. A record's
 `host_probe` and a profile's `host_probe` are lists of readings (a record's: before, after). Readings compare
-only at the same sizes. No torch import at module level: the tables read the ratio without it.
+only at the same sizes. The ratio of two lists of readings and the slow-spell rule are
+zerobench/slow_spells.py's (torch-free, so the tables read them without this module).
 """
 
 from __future__ import annotations
 
-import math
 import mmap
-import statistics
 from collections.abc import Callable, Sequence
 
-SLOW_SPELL = 0.15  # a host more than 15 % slower than its reference (host_speed < 0.85): a slow spell
+import torch
+
+from zerobench.clock import device_clock, windowed_median
+from zerobench.slow_spells import host_speed, slow_spell
+
 REPEATS = 5  # timings of each kernel per reading; the reading is their median
 WINDOW_S = 0.01  # each timing the mean seconds per call over calls filling at least this window
 # n of the n x n x n fp32 GEMM, and bytes of the copy (fp32, beyond the last-level cache), per device
@@ -34,10 +37,6 @@ def read(device: str = "cpu", clock: Callable[[], float] | None = None) -> list:
     allocator, so no allocator keeps them in the process's RSS; CUDA: the cache emptied), yet the
     peak marks see them: a trial reads it outside the window its memory is measured in.
     `clock` (seconds) is the seam tests inject; by default the device clock (zerobench/clock.py)."""
-    import torch  # here, not above: the tables import this module for `host_speed` without torch
-
-    from zerobench.clock import device_clock  # they import torch: here for the same reason
-
     kind = torch.device(device).type
     n, nbytes = GEMM_N[kind], COPY_BYTES[kind]
     threads, tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
@@ -46,7 +45,7 @@ def read(device: str = "cpu", clock: Callable[[], float] | None = None) -> list:
     else:
         torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        rates = _rates(torch, device, n, nbytes, clock or device_clock(device))
+        rates = _rates(device, n, nbytes, clock or device_clock(device))
     finally:
         torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -55,7 +54,7 @@ def read(device: str = "cpu", clock: Callable[[], float] | None = None) -> list:
     return [n, nbytes, *rates]
 
 
-def _rates(torch, device: str, n: int, nbytes: int, clock) -> tuple[float, float]:
+def _rates(device: str, n: int, nbytes: int, clock) -> tuple[float, float]:
     """(GEMM FLOP/s, bytes copied per s): the median of REPEATS timings each, after a warm-up; a
     timing is the mean seconds per call over the calls that fill WINDOW_S."""
     elements = 3 * n * n + 2 * (nbytes // 4)  # a, b, a @ b; the copy's source and destination (fp32)
@@ -69,51 +68,10 @@ def _rates(torch, device: str, n: int, nbytes: int, clock) -> tuple[float, float
     b.copy_(a.T)
     src.fill_(1.0)
 
-    from zerobench.clock import windowed_median  # it imports torch: here, as in `read`
-
     def seconds(fn) -> float:  # each timing a mean over a window: single calls here run 1x or 3x as fast
         return windowed_median(fn, clock, WINDOW_S, REPEATS)
 
     return 2 * n**3 / seconds(lambda: torch.mm(a, b, out=c)), nbytes / seconds(lambda: dst.copy_(src))
-
-
-def check(readings, where: str = "host_probe") -> list[list]:
-    """The readings as rows, or ValueError naming the one that is not [n >= 1, bytes >= 1, FLOP/s > 0,
-    bytes/s > 0]."""
-    if not isinstance(readings, list | tuple):
-        raise ValueError(f"{where}={readings!r}: must be a list of readings [gemm_n, copy_bytes, flop/s, bytes/s]")
-    rows = []
-    for i, row in enumerate(readings):
-        ok = isinstance(row, list | tuple) and len(row) == 4
-        ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in row)
-        if not ok or min(row) <= 0 or row[0] != int(row[0]) or row[1] != int(row[1]):
-            raise ValueError(f"{where}[{i}]={row!r}: must be [gemm_n >= 1, copy_bytes >= 1, flop/s > 0, bytes/s > 0]")
-        rows.append(list(row))
-    return rows
-
-
-def host_speed(readings: Sequence | None, reference: Sequence | None) -> float | None:
-    """How fast the host ran at `readings` against `reference` (both lists of readings): the
-    geometric mean over GEMM and copy of (geometric mean of the rate over `readings`) / (the same
-    over `reference`). Below 1: slower (0.8 = 20 % slower). None where either has no reading or
-    their sizes differ (a reading compares only with one of the same work)."""
-    if not readings or not reference:
-        return None
-    readings, reference = check(readings), check(reference, "reference")
-    if {tuple(r[:2]) for r in readings} | {tuple(r[:2]) for r in reference} != {tuple(readings[0][:2])}:
-        return None
-
-    def geomean(values) -> float:
-        return math.exp(statistics.fmean(math.log(v) for v in values))
-
-    ratios = [geomean(r[k] for r in readings) / geomean(r[k] for r in reference) for k in (2, 3)]
-    return geomean(ratios)
-
-
-def slow_spell(speed: float | None) -> bool | None:
-    """True where `speed` (host_speed) is more than SLOW_SPELL slower than its reference; None
-    where it is unknown (no probe)."""
-    return None if speed is None else speed < 1 - SLOW_SPELL
 
 
 def rerun_if_slow(run: Callable[[object], dict], reference: Sequence, log=print) -> Callable[[object], dict]:
