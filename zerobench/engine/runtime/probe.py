@@ -68,7 +68,7 @@ def _rates(device: str, n: int, nbytes: int, clock) -> tuple[float, float]:
     b.copy_(a.T)
     src.fill_(1.0)
 
-    def seconds(fn) -> float:  # each timing a mean over a window: single calls here run 1x or 3x as fast
+    def seconds(fn) -> float:  # a mean over a window: one call alone times unevenly (docs/perfmodel.md)
         return windowed_median(fn, clock, WINDOW_S, REPEATS)
 
     return 2 * n**3 / seconds(lambda: torch.mm(a, b, out=c)), nbytes / seconds(lambda: dst.copy_(src))
