@@ -8,15 +8,13 @@ The paper's 7.5B, 128B and 1T are parameter counts, not shapes: the presets `tab
 128B and 1T cells are truncated, not rounded, in the paper (paper.md §2; the `notes` column of
 paper_reference.csv says which), and each cell is compared the way it was printed.
 
-    python -m zerobench.artifacts.table1 OUTDIR [--all]   # OUTDIR/table1.csv and .md, tracing in-process
+The table reads traced records; `python -m zerobench.checks.table1_trace OUTDIR [--all]` traces the
+cells in one process instead.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
-from pathlib import Path
 
 import pandas as pd
 
@@ -25,25 +23,16 @@ from zerobench.engine.config import (
     NOMINAL_BILLIONS,
     PRESETS,
     ModelConfig,
-    ParallelConfig,
-    PrecisionConfig,
 )
-from zerobench.engine.trial import TrialSpec
 from zerobench.results import load_paper_reference
 from zerobench.stages import STAGE_LABELS
 
 GB = 1e9  # the paper's GB
 STAGES = {s: STAGE_LABELS[s] for s in (1, 2, 3)}
-NDS = (1, 4, 16, 64, 256, 1024)
-# traced by default (sheets/table1.yaml lists the same): a cell's trace (the engine built, no
-# step) costs seconds of CPU, so three N_d per model; the formula covers every cell, and `--all`
-# traces all 54
-TRACED_NDS = (4, 64, 1024)
 # the paper's size in billions -> its preset
 MODELS: dict[float, ModelConfig] = {
     size: PRESETS[name] for name, size in NOMINAL_BILLIONS.items() if name.startswith("table1-")
 }
-PRECISION = PrecisionConfig(mode="bf16")  # 2 + 2 + 12 bytes per parameter (K = 12)
 Cell = tuple[float, int, int]  # (size in billions, N_d, stage)
 
 
@@ -51,15 +40,6 @@ def printed(value: float, like: str, truncate: bool) -> Decimal:
     """`value` written with as many decimals as the paper's `like`, truncated or rounded half up."""
     places = Decimal(1).scaleb(-len(like.partition(".")[2]))
     return Decimal(repr(value)).quantize(places, rounding=ROUND_DOWN if truncate else ROUND_HALF_UP)
-
-
-def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
-    """Per-rank model-state bytes of this engine, traced (see `zerobench.engine.runtime.trace.trace_states`)."""
-    # torch only when a cell is traced in this process: building the table from records stays light
-    from zerobench.engine.runtime.trace import trace_states
-
-    spec = TrialSpec(model, ParallelConfig(dp=nd, stage=stage), PRECISION)
-    return sum(trace_states(spec).values())
 
 
 def _traced(records: list[dict]) -> list[dict]:
@@ -82,19 +62,6 @@ def traced_build_cells(records: list[dict]) -> dict[Cell, int]:
         for r in _traced(records)
         if r.get("build_peak_bytes") is not None
     }
-
-
-def trace_cells(nds: dict[float, tuple[int, ...]], log=None) -> dict[Cell, int]:
-    """Trace the cells named by `nds` (size -> N_d) in this process, every stage."""
-    out = {}
-    for size, model_nds in nds.items():
-        for nd in model_nds:
-            for stage in STAGES:
-                t0 = time.perf_counter()
-                out[size, nd, stage] = traced_state_bytes(MODELS[size], stage, nd)
-                if log:
-                    log(f"traced {MODELS[size].name} stage {stage} N_d {nd}: {time.perf_counter() - t0:.1f} s")
-    return out
 
 
 def table1(traced: dict[Cell, int], built: dict[Cell, int] | None = None) -> pd.DataFrame:
@@ -166,19 +133,3 @@ def markdown(df: pd.DataFrame) -> str:
         "at the paper's printed precision.",
     ]
     return "\n".join(lines) + "\n"
-
-
-def write(outdir: str | Path, nds: dict[float, tuple[int, ...]]) -> pd.DataFrame:
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    df = table1(trace_cells(nds, log=lambda s: print(s, file=sys.stderr)))
-    df.to_csv(outdir / "table1.csv", index=False)
-    (outdir / "table1.md").write_text(markdown(df))
-    return df
-
-
-if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--all"]):
-        sys.exit("usage: python -m zerobench.artifacts.table1 OUTDIR [--all]")
-    frame = write(sys.argv[1], {size: NDS if sys.argv[2:] else TRACED_NDS for size in MODELS})
-    sys.exit(0 if frame.match.all() else 1)
