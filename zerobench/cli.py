@@ -14,7 +14,7 @@ import sys
 from zerobench import slow_spells
 from zerobench.cli_args import trial_args
 from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError
-from zerobench.engine.runtime import allocator, probe
+from zerobench.engine.runtime import allocator
 from zerobench.engine.runtime.procs import process_tree
 from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
@@ -39,7 +39,7 @@ def cmd_run(args) -> int:
         return _run_once(args, spec, listed)
 
     if args.probe_reference:
-        run = probe.rerun_if_slow(run, profile_file.load(args.probe_reference).host_probe)
+        run = slow_spells.rerun_if_slow(run, profile_file.load(args.probe_reference).host_probe)
     record = run_under_policy(listed, vars(args), run)
     if args.out and ("policy" in record or "slow_spell_rerun" in record):  # with the search's trail, or the rerun's
         write_record(record, args.out)

@@ -2,7 +2,7 @@
 lists of host-probe readings, engine/runtime/probe.py takes them), and when that is a slow spell.
 A shared host has slow spells of a minute or more; a run in one is set aside by the tables
 (artifacts/host_speed.py, artifacts/superlinear.py) and run again by `zerobench run`
-(`probe.rerun_if_slow`). Torch-free.
+(`rerun_if_slow`). Torch-free.
 
 A reading is one row [GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s]; readings compare only
 at the same sizes.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 SLOW_SPELL = 0.15  # a host more than 15 % slower than its reference (host_speed < 0.85): a slow spell
 
@@ -54,3 +54,22 @@ def slow_spell(speed: float | None) -> bool | None:
     """True where `speed` (host_speed) is more than SLOW_SPELL slower than its reference; None
     where it is unknown (no probe)."""
     return None if speed is None else speed < 1 - SLOW_SPELL
+
+
+def rerun_if_slow(run: Callable[[object], dict], reference: Sequence, log=print) -> Callable[[object], dict]:
+    """`run` (a trial spec -> its record) that, when the record's host probe says the trial ran in
+    a slow spell against `reference` (a profile's readings), runs it once more and keeps the second
+    record, with the first's speed and step time under `slow_spell_rerun`. A second slow run is
+    kept as it is: the tables flag it (artifacts/host_speed.py)."""
+
+    def wrapped(spec) -> dict:
+        record = run(spec)
+        speed = host_speed(record.get("host_probe"), reference)
+        if record.get("status") != "ok" or not slow_spell(speed):
+            return record
+        log(f"host speed {speed:.2f} of the reference's: a slow spell; running the trial once more")
+        again = run(spec)
+        again["slow_spell_rerun"] = {"first_host_speed": speed, "first_step_time_s": record.get("step_time_s")}
+        return again
+
+    return wrapped

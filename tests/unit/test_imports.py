@@ -12,6 +12,8 @@ The engine (zerobench/engine/) is readable alone: it imports itself and the grou
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,3 +186,9 @@ def test_a_cycle_hidden_in_a_function_is_caught(tmp_path):
 def test_a_module_in_no_layer_is_refused():
     with pytest.raises(AssertionError, match="in no layer"):
         layer("zerobench.newpackage.module")
+
+
+def test_the_command_line_and_the_tables_load_without_torch():
+    # `zerobench table|plot|report` and a time-limited run's parent never import torch
+    code = "import sys, zerobench.cli, zerobench.artifacts.tables; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

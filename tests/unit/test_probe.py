@@ -197,14 +197,14 @@ def test_a_trial_in_a_slow_spell_runs_once_more():
             s = seq[len(calls) - 1]
             return {"status": "ok", "step_time_s": 1 / s, "host_probe": [reading(s, s)]}
 
-        record = probe.rerun_if_slow(run, ref, log=lambda _: None)("spec")
+        record = slow_spells.rerun_if_slow(run, ref, log=lambda _: None)("spec")
         assert calls == ["spec"] * len(seq), name
         assert record["step_time_s"] == pytest.approx(1 / seq[-1])
         if len(seq) > 1:
             assert record["slow_spell_rerun"] == {"first_host_speed": pytest.approx(0.7), "first_step_time_s": 1 / 0.7}
         else:
             assert "slow_spell_rerun" not in record
-    failed = probe.rerun_if_slow(lambda spec: {"status": "oom", "host_probe": [reading(0.5, 0.5)]}, ref)("spec")
+    failed = slow_spells.rerun_if_slow(lambda spec: {"status": "oom", "host_probe": [reading(0.5, 0.5)]}, ref)("spec")
     assert failed == {"status": "oom", "host_probe": [reading(0.5, 0.5)]}
     # no probe on the record (an older record, a failed launch): nothing to compare, no rerun
-    assert "slow_spell_rerun" not in probe.rerun_if_slow(lambda spec: {"status": "ok"}, ref)("spec")
+    assert "slow_spell_rerun" not in slow_spells.rerun_if_slow(lambda spec: {"status": "ok"}, ref)("spec")

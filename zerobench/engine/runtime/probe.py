@@ -15,12 +15,11 @@ zerobench/slow_spells.py's (torch-free, so the tables read them without this mod
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 from zerobench.clock import device_clock, windowed_median
-from zerobench.slow_spells import host_speed, slow_spell
 
 REPEATS = 5  # timings of each kernel per reading; the reading is their median
 WINDOW_S = 0.01  # each timing the mean seconds per call over calls filling at least this window
@@ -72,22 +71,3 @@ def _rates(device: str, n: int, nbytes: int, clock) -> tuple[float, float]:
         return windowed_median(fn, clock, WINDOW_S, REPEATS)
 
     return 2 * n**3 / seconds(lambda: torch.mm(a, b, out=c)), nbytes / seconds(lambda: dst.copy_(src))
-
-
-def rerun_if_slow(run: Callable[[object], dict], reference: Sequence, log=print) -> Callable[[object], dict]:
-    """`run` (a trial spec -> its record) that, when the record's host probe says the trial ran in
-    a slow spell against `reference` (a profile's readings), runs it once more and keeps the second
-    record, with the first's speed and step time under `slow_spell_rerun`. A second slow run is
-    kept as it is: the tables flag it (artifacts/host_speed.py)."""
-
-    def wrapped(spec) -> dict:
-        record = run(spec)
-        speed = host_speed(record.get("host_probe"), reference)
-        if record.get("status") != "ok" or not slow_spell(speed):
-            return record
-        log(f"host speed {speed:.2f} of the reference's: a slow spell; running the trial once more")
-        again = run(spec)
-        again["slow_spell_rerun"] = {"first_host_speed": speed, "first_step_time_s": record.get("step_time_s")}
-        return again
-
-    return wrapped
