@@ -77,3 +77,21 @@ def test_bad_config_names_the_field(build, field):
 def test_cli_rejects_bad_input_with_exit_2(argv, field, capsys):
     assert main(argv) == 2
     assert field in capsys.readouterr().err
+
+
+def test_every_field_that_sets_an_attribute_reaches_it():
+    """A trial field is one row (engine/fields.py): its `sets` reaches the config without a line of
+    its own in trial.configs, its `column` is a record column."""
+    from zerobench.engine.fields import FIELDS, MiB
+    from zerobench.engine.trial import COLUMNS, configs
+
+    built = dict(zip(("parallel", "train"), configs({"model": "tiny", "dp": 2})[1::2]))
+    for name, f in FIELDS.items():
+        if f.sets:
+            value = 2 if f.kind is int else 2.5  # off every default, valid for every such field
+            config, attribute = f.sets.split(".")
+            got = getattr(dict(zip(("parallel", "train"), configs({"model": "tiny", name: value})[1::2]))[config],
+                          attribute)  # fmt: skip
+            assert got == (int(value * MiB) if f.unit else value), name
+            assert got != getattr(built[config], attribute), name
+    assert {f.column[0] for f in FIELDS.values() if f.column} <= set(COLUMNS)

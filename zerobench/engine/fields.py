@@ -6,8 +6,9 @@ configuration fills (zerobench/engine/trial.py). Defaults are the config datacla
 (zerobench/engine/config.py), as a dataclass is the one definition of a job in torchtitan's config manager.
 
 Adding a trial field is adding a row here (appended: a row's place is its place in trial ids,
-whose order the committed records keep), then reading it where the configs are built
-(trial.configs). No torch import.
+whose order the committed records keep). A field that is one configuration attribute names it in
+`sets` and is read by `trial.configs` from there; a field with a record `column` is a column of
+`trial.TrialRecord` without further ado. No torch import.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class Field:
     prefix in a trial id ("" for the bare value, None for none); `flag` False for a sheet-only
     field; `commands` those that take its flag; `schema` further JSON-schema constraints on a
     sheet's value; `column` (record column, the configuration attribute that fills it); `sets`
-    the TrainConfig attribute the value is, as given."""
+    the configuration attribute ("train.lr", "parallel.bucket_bytes") the value is, as given or,
+    with `unit`, times it (MiB flags into bytes): `trial.configs` reads every such field without a
+    line of its own."""
 
     name: str
     kind: type
@@ -47,6 +50,7 @@ class Field:
     schema: dict | None = None
     column: tuple[str, str] | None = None
     sets: str | None = None
+    unit: int | None = None
 
     def __post_init__(self):
         if self.kind is bool and self.default is None:
@@ -85,25 +89,27 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("dp", int, "data-parallel degree N_d (default 1, or gpus/mp)", "parallel", tag="dp", schema=_POSITIVE,
           column=("dp", "parallel.dp")),
     Field("mp", int, "tensor model-parallel degree N_m", "parallel", _P.mp, "mp", schema=_POSITIVE,
-          column=("mp", "parallel.mp")),
+          column=("mp", "parallel.mp"), sets="parallel.mp"),
     Field("stage", int, "ZeRO-DP stage 0-3 (0 = plain DP)", "parallel", tag="z", schema={"minimum": 0, "maximum": 3},
           column=("stage", "parallel.stage")),
     Field("precision", str, "fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param); default fp16, or fp32 for steps "
           "computed on a cpu", "train", tag="", schema={"enum": list(BYTES_PER_PARAM)},
           column=("precision", "precision.mode")),
     Field("micro_batch", int, "sequences per DP rank per micro-step", "train", _T.micro_batch, "b", schema=_POSITIVE,
-          column=("micro_batch", "train.micro_batch"), sets="micro_batch"),
+          column=("micro_batch", "train.micro_batch"), sets="train.micro_batch"),
     Field("grad_accum", int, "micro-batches per step", "train", _T.grad_accum, "ga", schema=_POSITIVE,
-          column=("grad_accum", "train.grad_accum"), sets="grad_accum"),
+          column=("grad_accum", "train.grad_accum"), sets="train.grad_accum"),
     Field("checkpoint_activations", bool, "one checkpoint per block", "parallel", tag="ckpt",
           column=("checkpoint_activations", "parallel.checkpoint_activations")),
     Field("bucket_mb", float, "C_B: fused buffer size in MiB", "parallel", _P.bucket_bytes / MiB, "cb",
-          schema={"exclusiveMinimum": 0}, column=("bucket_bytes", "parallel.bucket_bytes")),
+          schema={"exclusiveMinimum": 0}, column=("bucket_bytes", "parallel.bucket_bytes"),
+          sets="parallel.bucket_bytes", unit=MiB),
     Field("steps", int, "timed steps", "train", _T.steps, "n", schema=_POSITIVE, column=("steps", "train.steps"),
-          sets="steps"),
-    Field("warmup", int, "untimed steps before timing", "train", _T.warmup, "w", schema={"minimum": 0}, sets="warmup"),
+          sets="train.steps"),
+    Field("warmup", int, "untimed steps before timing", "train", _T.warmup, "w", schema={"minimum": 0},
+          sets="train.warmup"),
     Field("seed", int, "seed of the weights and the synthetic batches", "train", _T.seed, "seed",
-          schema={"minimum": 0}, sets="seed"),
+          schema={"minimum": 0}, sets="train.seed"),
     Field("data", str, "synthetic, or a text file / shipped corpus (byte tokens)", "run", "synthetic", "",
           commands=("run",), schema={"pattern": "^[A-Za-z0-9_.-]+$"}),
     Field("mem_cap_mb", float, "per-rank budget (MiB); exceeding it is status oom", "run", tag="cap",
@@ -136,23 +142,23 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("repeat", int, "the same measured trial run again (1, 2, ...): its own record, for a table that takes "
           "the median over the runs", "sheet", tag="rep", flag=False, schema=_POSITIVE),
     Field("prefetch_mb", float, "stage 3: gathered bytes in flight (MiB)", "parallel", _P.prefetch_bytes / MiB,
-          "pf", schema={"exclusiveMinimum": 0}),
+          "pf", schema={"exclusiveMinimum": 0}, sets="parallel.prefetch_bytes", unit=MiB),
     Field("max_live_mb", float, "stage 3: gathered bytes alive at once (MiB)", "parallel", _P.max_live_bytes / MiB,
-          "live", schema={"exclusiveMinimum": 0}),
+          "live", schema={"exclusiveMinimum": 0}, sets="parallel.max_live_bytes", unit=MiB),
     Field("persistence_threshold", int, "stage 3: keep tensors this small whole (elements)", "parallel",
-          _P.persistence_threshold, "pt", schema={"minimum": 0}),
+          _P.persistence_threshold, "pt", schema={"minimum": 0}, sets="parallel.persistence_threshold"),
     Field("reuse_mb", float, "stage 3: keep a bucket gathered when its next use is less than this many MiB of "
           "gathers ahead (0: release all, the paper's 3Ψ)", "parallel", _P.reuse_bytes / MiB, "reuse",
-          schema={"minimum": 0}),
-    Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="lr"),
+          schema={"minimum": 0}, sets="parallel.reuse_bytes", unit=MiB),
+    Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="train.lr"),
     Field("clip_norm", float, "global gradient-norm clip; 0 disables it", "train", _T.clip_norm, "clip",
-          schema={"minimum": 0}, sets="clip_norm"),
+          schema={"minimum": 0}, sets="train.clip_norm"),
     Field("device", str, "cpu (gloo) or cuda (NCCL); the workflow's config sets it for every trial", "train", "cpu",
           column=("device", "precision.device")),
     Field("gpus_per_node", int, "override the profile's node size", "hardware", tag="gpn", commands=PREDICTS,
           schema=_POSITIVE),
     Field("weight_decay", float, "AdamW's decoupled weight decay", "train", _T.weight_decay, "wd",
-          schema={"minimum": 0}, sets="weight_decay"),
+          schema={"minimum": 0}, sets="train.weight_decay"),
     Field("timeout", float, "seconds a collective (or a step) may wait", "run", 1800.0, "to",
           commands=("run", "peers"), schema={"exclusiveMinimum": 0}),
 )}  # fmt: skip

@@ -71,71 +71,7 @@ def git_revision() -> str | None:
         return None
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrialRecord:
-    """Every column of a record (None where it does not apply to the source); `extra` holds a
-    source's own further fields, written beside the columns."""
-
-    source: str
-    status: str = "ok"
-    error: str | None = None
-    # the model
-    model: str | None = None
-    num_params: int | None = None
-    layers: int | None = None
-    hidden: int | None = None
-    heads: int | None = None
-    seq: int | None = None
-    vocab: int | None = None
-    # the layout, ZeRO and precision
-    dp: int | None = None
-    mp: int | None = None
-    world_size: int | None = None
-    stage: int | None = None
-    checkpoint_activations: bool | None = None
-    partition_activations: bool | None = None
-    offload_activations: bool | None = None
-    contiguous_buffers: bool | None = None
-    bucket_bytes: int | None = None
-    precision: str | None = None
-    device: str | None = None
-    hardware: str | dict | None = None
-    # the batch
-    micro_batch: int | None = None
-    grad_accum: int | None = None
-    global_batch: int | None = None
-    steps: int | None = None
-    # speed
-    step_time_s: float | None = None
-    step_time_min_s: float | None = None
-    step_time_max_s: float | None = None
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    tflops_per_gpu: float | None = None
-    mfu: float | None = None
-    # modelled only: the held-out error % of the layout's regime, or "unvalidated" (perfmodel/error_bands.py)
-    error_band_pct: float | str | None = None
-    # memory per rank, bytes
-    param_bytes: int | None = None
-    grad_bytes: int | None = None
-    optimizer_bytes: int | None = None
-    activation_bytes: int | None = None
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    peak_rss_bytes: int | None = None
-    # the peak while the engine is built (construction), beside the training peak above: measured
-    # (RSS growth on CPU, max allocated on GPU), traced (the counter's) or modelled
-    build_peak_bytes: int | None = None
-    # communication and training
-    comm: dict | None = None
-    losses: list | None = None
-    first_loss: float | None = None
-    last_loss: float | None = None
-    # provenance
-    versions: dict = field(default_factory=versions)
-    git_rev: str | None = field(default_factory=git_revision)
-    extra: dict = field(default_factory=dict)
-
+class _Record:
     def __post_init__(self):
         if self.source not in SOURCES:
             raise ValueError(f"source={self.source!r}: must be one of {SOURCES}")
@@ -148,6 +84,45 @@ class TrialRecord:
         out.update(self.extra)
         return out
 
+
+# The columns beyond the trial's own fields (zerobench/engine/fields.py: every field with a record
+# `column` is one, in the fields' order, between `error` and these), None where a source has none.
+_MEASURED = (
+    # what follows from the configuration
+    ("num_params", int), ("world_size", int), ("hardware", str | dict), ("global_batch", int),
+    # speed: seconds per step (median, min, max), throughput, TFLOPS per GPU, MFU (gpus.py)
+    ("step_time_s", float), ("step_time_min_s", float), ("step_time_max_s", float),
+    ("samples_per_s", float), ("tokens_per_s", float), ("tflops_per_gpu", float), ("mfu", float),
+    # modelled only: the held-out error % of the layout's regime, or "unvalidated" (perfmodel/error_bands.py)
+    ("error_band_pct", float | str),
+    # memory per rank, bytes
+    ("param_bytes", int), ("grad_bytes", int), ("optimizer_bytes", int), ("activation_bytes", int),
+    ("peak_allocated_bytes", int), ("peak_reserved_bytes", int), ("peak_rss_bytes", int),
+    # the peak while the engine is built (construction), beside the training peak above: measured
+    # (RSS growth on CPU, max allocated on GPU), traced (the counter's) or modelled
+    ("build_peak_bytes", int),
+    # communication (per collective and group: calls, bytes, volume) and training
+    ("comm", dict), ("losses", list), ("first_loss", float), ("last_loss", float),
+)  # fmt: skip
+
+# Every column of a record (None where it does not apply to the source); `extra` holds a source's
+# own further fields, written beside the columns.
+TrialRecord = dataclasses.make_dataclass(
+    "TrialRecord",
+    [
+        ("source", str),
+        ("status", str, field(default="ok")),
+        ("error", str | None, field(default=None)),
+        *[(f.column[0], object, field(default=None)) for f in FIELDS.values() if f.column],
+        *[(name, kind | None, field(default=None)) for name, kind in _MEASURED],
+        ("versions", dict, field(default_factory=versions)),  # provenance
+        ("git_rev", str | None, field(default_factory=git_revision)),
+        ("extra", dict, field(default_factory=dict)),
+    ],
+    bases=(_Record,),
+    frozen=True,
+    kw_only=True,
+)
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(TrialRecord) if f.name != "extra")
 
@@ -263,22 +238,27 @@ def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConf
         zero[name] = zero.get(name, False) or getattr(args, name)
     if zero["partition_activations"]:
         zero["checkpoint_activations"] = True  # P_a partitions the checkpoints, so it implies them
-    parallel = ParallelConfig(
-        dp=1 if dp is None else dp,
-        mp=args.mp,
-        bucket_bytes=mib(args.bucket_mb, "bucket_mb"),
-        prefetch_bytes=mib(args.prefetch_mb, "prefetch_mb"),
-        max_live_bytes=mib(args.max_live_mb, "max_live_mb"),
-        persistence_threshold=args.persistence_threshold,
-        reuse_bytes=mib(args.reuse_mb, "reuse_mb") if args.reuse_mb else 0,
-        **zero,
-    )
+    sets = {f.sets: _value(f, getattr(args, name)) for name, f in FIELDS.items() if f.sets}
+    parallel = ParallelConfig(dp=1 if dp is None else dp, **zero, **_attributes(sets, "parallel"))
     parallel.check_model(model)
     computes = args.command in COMPUTING_COMMANDS
     mode = args.precision or default_precision(args.device, computes)
     precision = PrecisionConfig(mode=mode, device=args.device)
-    train = TrainConfig(**{f.sets: getattr(args, name) for name, f in FIELDS.items() if f.sets})
+    train = TrainConfig(**_attributes(sets, "train"))
     return model, parallel, precision, train
+
+
+def _value(f, value):
+    """A field's value as its configuration attribute takes it: a MiB flag in bytes (0 stays 0
+    where the field allows it: `reuse_mb`)."""
+    if not f.unit:
+        return value
+    return 0 if value == 0 and (f.schema or {}).get("minimum") == 0 else mib(value, f.name)
+
+
+def _attributes(sets: dict, config: str) -> dict:
+    """The values of the fields that set `config`'s attributes ("parallel.mp" -> mp)."""
+    return {path.partition(".")[2]: value for path, value in sets.items() if path.startswith(config + ".")}
 
 
 def mib(value: float, field: str) -> int:
