@@ -16,7 +16,7 @@ from pathlib import Path
 
 from zerobench.engine.config import ConfigError
 from zerobench.engine.fields import defaults
-from zerobench.engine.trial import TrialSpec, configs, new_record
+from zerobench.engine.trial import COLUMNS, TrialSpec, configs, new_record
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.results import write_record
@@ -45,8 +45,8 @@ def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
     try:
         return modelled_record(trial, cal)
     except ConfigError as exc:
-        fields = {k: trial.get(k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch", "hardware")}
-        return new_record("modelled", status="infeasible", error=str(exc), **fields)
+        given = {k: v for k, v in trial.items() if k in COLUMNS and k != "source"}  # the trial's own columns
+        return new_record("modelled", status="infeasible", error=str(exc), **given)
 
 
 def model_group(trials: list[dict], outdir: str | os.PathLike, cal: Calibration = DEFAULT) -> list[Path]:
