@@ -238,10 +238,16 @@ def calibrate(
         sheet = PROFILES[hardware_profile(torch.device("cuda")) or "h100-80gb"]
         ring_bw, alpha = sheet.intra_bw, sheet.intra_latency
         log(f"collectives: not measured ({devices} GPU); links from the {sheet.name} datasheet profile")
+    reserve = 0.0  # a CPU host: no CUDA context; its budget is counted as RSS growth
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         gpu, memory, per_node = props.name, float(props.total_memory), torch.cuda.device_count()
         host = host_copy_bw(log)
+        # never usable by tensors: what is neither free nor the caching allocator's (the CUDA context,
+        # cuBLAS's and other processes' memory), measured now that every benchmark has run
+        free, total = torch.cuda.mem_get_info()
+        reserve = float(total - free - torch.cuda.memory_reserved())
+        log(f"memory: {total / 1e9:.2f} GB, {reserve / 1e9:.2f} GB outside the allocator and not free")
     else:
         gpu = f"CPU x{os.cpu_count()} cores"
         memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -255,7 +261,7 @@ def calibrate(
         checkpoint_runtime_bytes=ckpt_runtime, concurrency_slowdown=slowdown,
         collectives=tuple(map(tuple, coll)), collective_table=tuple(map(tuple, curve)),
         sync_table=tuple(map(tuple, syncs)),
-        ranks_share_compute=device == "cpu", reserve_bytes=0.0 if device == "cpu" else None,
+        ranks_share_compute=device == "cpu", reserve_bytes=reserve,
         host_probe=tuple(map(tuple, probes)),
     )  # fmt: skip
     if device == "cpu" and 2 in sizes and (os.cpu_count() or 1) >= 2:  # MP 2 as the trials run it

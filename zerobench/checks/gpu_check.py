@@ -8,11 +8,16 @@ profile of the device (the record's `hardware`) and, when given, on the profile 
 calibrate` measured on it just before. The prediction uses the attention kernel the engine runs
 (perfmodel/kernels.py, ENGINE_ATTENTION). `OUT/compare.csv`: one row per trial, each predicted
 number with its error 100·(predicted − measured)/measured.
+
+`--compare DIR` remakes DIR/compare.csv from the records already in DIR/runs (no GPU, no run): the
+current model's predictions beside the measurements, on the datasheet profile and, when
+DIR/calibrated-cuda.json exists, on that calibrated profile.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 import time
@@ -21,7 +26,7 @@ from pathlib import Path
 from zerobench import results
 from zerobench.engine.fields import FIELDS
 from zerobench.engine.trial import configs
-from zerobench.perfmodel import model_record
+from zerobench.perfmodel import model_record, profile_file
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
 PRESETS = ("gpt-1.5b", "dp-6b")
@@ -61,8 +66,8 @@ def _run(values: dict, out: Path, timeout: float) -> dict:
     return {"status": "timeout", "error": f"no record after {timeout:.0f} s", **values}
 
 
-def prediction(values: dict, hardware: str) -> dict:
-    """The modelled record of trial `values` on the profile `hardware` (a name or a profile path),
+def prediction(values: dict, hardware) -> dict:
+    """The modelled record of trial `values` on the profile `hardware` (a name, a profile path or a profile),
     one GPU per node, with the engine's attention kernel."""
 
     model, parallel, precision, train = configs({**values, "command": "run"})
@@ -73,7 +78,7 @@ def error_pct(predicted: float | None, measured: float | None) -> float | None:
     return None if not predicted or not measured else 100.0 * (predicted - measured) / measured
 
 
-def compare_row(record: dict, values: dict, profiles: dict[str, str]) -> dict:
+def compare_row(record: dict, values: dict, profiles: dict) -> dict:
     """One row of compare.csv: the measured columns and, for an ok record, per profile (prefix ->
     hardware) each prediction and its error. The datasheet profile is the record's own `hardware`
     (None where the device has no profile: nothing predicted on it)."""
@@ -90,14 +95,49 @@ def compare_row(record: dict, values: dict, profiles: dict[str, str]) -> dict:
     return row
 
 
+def values_of(record: dict) -> dict:
+    """The trial's fields (`trial`) of a record on disk."""
+    return trial(record["model"], record["stage"], record["micro_batch"])
+
+
+def with_measured_margins(path: Path, records: list[dict]):
+    """The calibrated profile at `path`, with the caching allocator's fragmentation the sweep measured on
+    the same card (the largest of its records' `fragmentation_bytes`) where calibrate measured none."""
+    profile = profile_file.load(path)
+    measured = [r["fragmentation_bytes"] for r in records if r.get("fragmentation_bytes") is not None]
+    if profile.fragmentation_bytes is None and measured:
+        profile = dataclasses.replace(profile, fragmentation_bytes=float(max(measured)))
+    return profile
+
+
+def compare(directory: Path, profile: str = "calibrated-cuda.json") -> list[dict]:
+    """compare.csv's rows remade from the records in `directory`/runs (sweep order: preset, stage,
+    micro-batch) by the current model; written to `directory`/compare.csv."""
+    import pandas as pd
+
+    records = [results.read_record(path) for path in sorted((directory / "runs").glob("*.json"))]
+    records.sort(key=lambda r: (PRESETS.index(r["model"]), r["stage"], r["micro_batch"]))
+    calibrated = directory / profile
+    on_card = with_measured_margins(calibrated, records) if calibrated.exists() else None
+    rows = [compare_row(r, values_of(r), {"": r.get("hardware"), "calibrated_": on_card}) for r in records]
+    pd.DataFrame(rows).to_csv(directory / "compare.csv", index=False)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("out", type=Path)
+    p.add_argument("out", type=Path, nargs="?")
     p.add_argument("--budget-s", type=float, default=240.0, help="stop starting trials after this long")
     p.add_argument("--profile", type=Path, help="a `zerobench calibrate` profile of this GPU, predicted on too")
+    p.add_argument("--compare", type=Path, metavar="DIR", help="remake DIR/compare.csv from DIR/runs; no GPU")
     args = p.parse_args(argv)
     import pandas as pd
 
+    if args.compare is not None:
+        print(pd.DataFrame(compare(args.compare)).to_string(), flush=True)
+        return 0
+    if args.out is None:
+        p.error("OUT is required unless --compare is given")
     runs = args.out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     calibrated = str(args.profile) if args.profile and args.profile.exists() else None

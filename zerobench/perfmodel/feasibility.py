@@ -16,12 +16,14 @@ Per GPU, in bytes (paper §3, §5, §6):
   gradient buffer of the whole model (4Ψ/N_m) that the baselines'
   fp16 optimizers keep (paper §3.2: 1.5B → 6 GB);
 - the reduction transient: a flattened copy of all of the rank's fp16 gradients (2Ψ/N_m), built
-  after backward, so it coexists with model states and buffers but not with activations. The
+  after backward, so it coexists with model states and buffers but not with activations; at
+  N_d = 1 nothing is reduced and no copy is made. The
   baselines' Megatron-LM DDP coalesces every gradient into one buffer to all-reduce it, and
   DeepSpeed's stage 1 of May 2020 flattens every rank's sub-partitions to reduce-scatter them
   (not ZeRO-OS, `zero_os_stage1`; docs/perfmodel.md "Gradient copies");
 - unusable: the CUDA context and allocator reserve, plus a fragmentation share of the device
-  unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases);
+  unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases); both
+  fitted on the paper's points, or measured on the card where its profile says (`usable_bytes`);
 - construction, apart from training: the peak while the engine is built (memory.build_peak_bytes:
   the parameters' storage plus one whole parameter in fp32, or the model states if larger).
   A configuration fits when both its training and its construction peak do.
@@ -181,11 +183,10 @@ def breakdown(
         # gradients' bytes); fp32 copy of this rank's gradient shard for Adam
         bucket = min(parallel.bucket_bytes, states["grad_bytes"] * (parallel.dp if parallel.stage >= 2 else 1))
         buffers = 2.0 * bucket + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
-    # the reduction's flattened copy (none when the all-reduce runs in place on an fp32 buffer)
+    # the reduction's flattened copy (none when the all-reduce runs in place on an fp32 buffer, and
+    # none at dp = 1, where there is nothing to reduce)
     flat_copy = (parallel.stage == 0 and not cal.fp32_main_grads) or (parallel.stage == 1 and not cal.zero_os_stage1)
-    reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
-    measured_reserve = hw.reserve_bytes is not None  # a calibrated CPU: no allocator to fragment
-    lost = 0.0 if parallel.contiguous_buffers or measured_reserve else cal.fragmentation * hw.memory_bytes
+    flat_copy = flat_copy and parallel.dp > 1
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
         grad_bytes=grads,
@@ -194,9 +195,25 @@ def breakdown(
         working_bytes=working,
         buffer_bytes=buffers,
         reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
-        usable_bytes=hw.memory_bytes - reserve - lost,
+        usable_bytes=usable_bytes(hw, cal, parallel.contiguous_buffers),
         build_bytes=build_peak_bytes(states, model.largest_param_numel),
     )
+
+
+def usable_bytes(hw: HardwareProfile, cal: Calibration, contiguous_buffers: bool = False) -> float:
+    """Device memory a training run's tensors may take: the card less what is never usable (the
+    profile's measured reserve, else the fitted CUDA context and allocator reserve) and less what the
+    caching allocator holds beyond the tensors at the peak (the profile's measured fragmentation; else
+    the fitted share of the card, none with M_D's contiguous buffers, paper §6.1; none on a CPU host,
+    which has no caching allocator)."""
+    reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
+    if hw.fragmentation_bytes is not None:
+        lost = hw.fragmentation_bytes
+    elif contiguous_buffers or hw.ranks_share_compute:
+        lost = 0.0
+    else:
+        lost = cal.fragmentation * hw.memory_bytes
+    return hw.memory_bytes - reserve - lost
 
 
 def _largest(fits, limit: int) -> int:

@@ -25,6 +25,7 @@ import math
 
 from zerobench.engine.config import ConfigError, ModelConfig
 from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.host_cost import host_excess
 
 ATTENTION = ("materialized", "fused")
 ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/engine/model.py calls scaled_dot_product_attention
@@ -145,6 +146,9 @@ def measured_compute_time(
     kernels += (3 if mixed else 1) * kernel_time(hw, "copy", model.num_params / mp)[0]
     # a recomputed forward dispatches its ops again: about a third of a layer's (forward + backward)
     ops = hw.ops_per_layer * model.layers * (4 / 3 if recompute else 1) + hw.ops_fixed
-    terms = {"gemm_s": gemm, "kernels_s": kernels, "ops_s": ops * hw.op_overhead_s}
+    # on a GPU the host queues ops ahead of the device: only their excess over its time (host_cost.py)
+    host = ops * hw.op_overhead_s
+    ops_s = host if hw.ranks_share_compute else host_excess(host, gemm + kernels)
+    terms = {"gemm_s": gemm, "kernels_s": kernels, "ops_s": ops_s}
     terms = {k: v * grad_accum * share for k, v in terms.items()}
     return sum(terms.values()), terms

@@ -19,6 +19,7 @@ from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
+from zerobench.perfmodel.host_cost import stage3_host_s
 from zerobench.perfmodel.kernels import check_attention
 
 
@@ -123,7 +124,8 @@ def predict(
         host_copy_s=host_t * ga,
         dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s + dp_wait,
         optimizer_s=compute.optimizer_time(updated, hw, cal, share, clip=train.clip_norm > 0),
-        overhead_s=0.0 if hw.measured else cal.step_overhead_s,  # not measured: none assumed
+        overhead_s=(0.0 if hw.measured else cal.step_overhead_s)  # not measured: none assumed
+        + stage3_host_s(model, parallel, ga, comp, precision.bytes_pgk[0], hw, cal),  # host-bound gathers
         efficiency=eff,
         flops_per_gpu=step_flops(model, b * ga, recompute) / mp,
         model_flops_per_gpu=step_flops(model, b * ga, False) / mp,

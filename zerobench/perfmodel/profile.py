@@ -56,6 +56,10 @@ class HardwareProfile:
     # Bytes never usable per device; None: the CUDA context and allocator reserve of constants.py.
     # 0 on CPU (no CUDA context; a budget there is counted as the process's RSS growth).
     reserve_bytes: float | None = None
+    # Bytes the caching allocator holds beyond the tensors at the training peak (its peak reserved
+    # minus peak allocated, measured on the device); None: the fitted share of constants.py, lost
+    # to fragmentation without contiguous buffers (paper §3.2, §6.1 M_D).
+    fragmentation_bytes: float | None = None
     # ((GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s), ...): the host speed probe read at the
     # calibration's start and end (runtime/probe.py). The model never reads it: a measured trial's
     # probe over it says how fast the host ran beside that trial (docs/perfmodel.md)

@@ -155,8 +155,11 @@ def from_dict(d: dict) -> HardwareProfile:
     for name in ("intra_latency", "inter_latency"):
         if name in d:
             v[name] = _number(name, d[name], positive=False)
-    if d.get("reserve_bytes") is not None:
-        v["reserve_bytes"] = _number("reserve_bytes", d["reserve_bytes"], positive=False)
+    for name in ("reserve_bytes", "fragmentation_bytes"):
+        if d.get(name) is not None:
+            v[name] = _number(name, d[name], positive=False)
+            if v[name] < 0:
+                raise ConfigError(f"{name}={d[name]!r}: must be >= 0")
     for name in ("measured", "ranks_share_compute"):
         if name in d and not isinstance(d[name], bool):
             raise ConfigError(f"{name}={d[name]!r}: must be true or false")
