@@ -21,7 +21,7 @@ from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.engine.parallel.comms import Comms, Handle
 from zerobench.engine.parallel.topology import Group, ParallelContext
 from zerobench.engine.zero.buffers import BufferPool
-from zerobench.engine.zero.optimizer import LossScaler, ShardedAdam, clip_, global_grad_norm
+from zerobench.engine.zero.optimizer import LossScaler, ShardedAdam, clip_coef, global_grad_norm, upcast
 from zerobench.engine.zero.partition import Bucket, FlatLayout, Slot, counted_ranges
 
 
@@ -196,27 +196,34 @@ class ZeroEngine:
             self._drain(len(self._in_flight) - 1)
 
     def step(self) -> bool:
-        """Unscale, check overflow, clip by the global norm, Adam on the owned pieces, each piece
+        """Check overflow, clip by the global norm, unscale, Adam on the owned pieces, each piece
         sent (`_send`) while Adam works on the next. False when an fp16 overflow skipped the step.
         The next backward overwrites the gradients. With reductions still in flight
         (`_overlap_step`), Adam takes first the pieces already reduced, then the others in the
         order their reductions were issued, waiting for each; the norm (recorded, not applied)
-        follows: Adam does not write the gradients, so it is the same number."""
+        follows: Adam does not write the gradients, so it is the same number.
+
+        16-bit gradients stay where they are, as §5 counts them: the overflow check and the norm
+        read them piece by piece, and each piece's fp32 gradient (unscaled, clipped) is made just
+        before its update and dropped after it, so the step holds one piece in fp32 at a time, not
+        a 4 B/param copy of the whole gradient. fp32 views are unscaled and clipped in place (the
+        next backward overwrites them)."""
         if self._in_flight:
             self._overlapped_step()
             return True
-        # fp32 views are clipped in place (the next backward overwrites them); 16-bit ones are upcast.
-        grads = [g if g.dtype == torch.float32 else g.float() for g in self.grad_pieces]
-        if self.scaler.enabled:
-            for g in grads:
-                g.div_(self.scaler.scale)
-        overflow = self.scaler.found_overflow(grads, self.comms, self.shard_groups)
+        scale = self.scaler.scale  # the backward's, before `update` may change it
+        overflow = self.scaler.found_overflow(self.grad_pieces, self.comms, self.shard_groups)
         self.scaler.update(overflow)
         if not overflow:
-            self.last_grad_norm = self._grad_norm(grads)
-            clip_(grads, self.last_grad_norm, self.train.clip_norm)
+            self.last_grad_norm = self._grad_norm(self.grad_pieces, scale)
+            coef = clip_coef(self.last_grad_norm, self.train.clip_norm)
+
+            def fp32(g: torch.Tensor) -> torch.Tensor:
+                g = upcast(g, scale)
+                return g if coef is None else g.mul_(coef)
+
             sends = []
-            self.optimizer.step(grads, after_piece=lambda i: sends.append(self._send(i)))
+            self.optimizer.step(self.grad_pieces, fp32=fp32, after_piece=lambda i: sends.append(self._send(i)))
             for handle in sends:
                 handle.wait()
         self.grads.fresh = True
@@ -238,12 +245,12 @@ class ZeroEngine:
         self.grads.fresh = True
         self.pool.clear()  # the staging buffers the last reductions handed back
 
-    def _grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """The global gradient norm over the shard groups, each element counted once (`_counted`
-        across MP). Kept a tensor: a traced step (FakeTensorMode, runtime/trace.py) has no value
-        to read."""
+    def _grad_norm(self, grads: list[torch.Tensor], unscale: float = 1.0) -> torch.Tensor:
+        """The global norm of `grads` / `unscale` over the shard groups, each element counted once
+        (`_counted` across MP). Kept a tensor: a traced step (FakeTensorMode, runtime/trace.py)
+        has no value to read."""
         counted = grads if self._counted is None else [grads[i][lo:hi] for i, lo, hi in self._counted]
-        return global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups)
+        return global_grad_norm(counted or [grads[0][:0]], self.comms, self.shard_groups, unscale)
 
     @property
     def partitions_optimizer(self) -> bool:

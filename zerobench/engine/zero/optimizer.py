@@ -2,9 +2,14 @@
 elements only, global-norm clipping across shards, and dynamic loss scaling for fp16.
 
 The update is torch's own functional Adam (`torch.optim.adam.adam`), so it matches
-`torch.optim.Adam`: on CPU its fused kernel (what `torch.optim.Adam(fused=True)` runs; one pass
-over each piece, ~5x faster here than the single-tensor path), equal to rounding; elsewhere the
-single-tensor path, element for element.
+`torch.optim.Adam`: on CPU and CUDA its fused kernel (what `torch.optim.Adam(fused=True)` runs:
+one pass over each piece instead of a kernel per elementwise op; docs/engine-measurements.md has
+the CPU speed-up), equal to rounding; elsewhere the single-tensor path, element for element.
+
+16-bit gradients are never upcast whole (§5: the states are (2 + 2 + K)Ψ/N_d bytes, with no
+fp32 copy of the gradient beside them): the overflow check reads them as they are, the norm
+upcasts one piece at a time, and Adam gets each piece's fp32 gradient made just before its
+update (`upcast`), so the step's temporary memory is one piece (bucket or chunk) in fp32.
 """
 
 from __future__ import annotations
@@ -51,19 +56,27 @@ class ShardedAdam:
         flats = [self.exp_avg_flat, self.exp_avg_sq_flat] + ([self.master_flat] if self.mixed else [])
         return sum(t.numel() * t.element_size() for t in flats)
 
-    def step(self, grads: list[torch.Tensor], after_piece=lambda i: None, order=None, before_piece=lambda i: None):
-        """One Adam update with fp32 `grads` (same pieces as `params`, already unscaled/clipped),
-        piece by piece, in `order` (default: index order; the pieces are independent, so any order
-        gives the same result); `before_piece(i)` runs before piece i is read (the engine waits for
-        its gradient), `after_piece(i)` once its parameters are final, so the engine can send them
-        while the next piece is updated."""
+    def step(
+        self,
+        grads: list[torch.Tensor],
+        after_piece=lambda i: None,
+        order=None,
+        before_piece=lambda i: None,
+        fp32=lambda g: g,
+    ):
+        """One Adam update with `grads` (same pieces as `params`), piece by piece, in `order`
+        (default: index order; the pieces are independent, so any order gives the same result).
+        `fp32(g)` makes piece g's unscaled, clipped fp32 gradient, just before its update (the
+        default: `grads` are that already); `before_piece(i)` runs before piece i is read (the
+        engine waits for its gradient), `after_piece(i)` once its parameters are final, so the
+        engine can send them while the next piece is updated."""
         t = self.train
-        fused = self.master[0].device.type == "cpu"
+        fused = self.master[0].device.type in ("cpu", "cuda")
         for i in range(len(self.params)) if order is None else order:
             before_piece(i)
             adam(
                 [self.master[i]],
-                [grads[i]],
+                [fp32(grads[i])],
                 [self.exp_avg[i]],
                 [self.exp_avg_sq[i]],
                 [],
@@ -91,12 +104,22 @@ class ShardedAdam:
             self.params[i].copy_(self.master[i])
 
 
-def global_grad_norm(grads: list[torch.Tensor], comms: Comms, groups: list[Group]) -> torch.Tensor:
-    """L2 norm of the gradient across all shards: local sum of squares, summed over `groups`
-    (the groups across which the gradient is partitioned)."""
+def upcast(g: torch.Tensor, unscale: float = 1.0) -> torch.Tensor:
+    """`g` in fp32 divided by the loss scale `unscale`: `g` itself when it is fp32 and unscaled,
+    otherwise a copy the size of `g` (one piece, never the whole gradient)."""
+    return g.float() if unscale == 1.0 else g.to(torch.float32, copy=True).div_(unscale)
+
+
+def global_grad_norm(
+    grads: list[torch.Tensor], comms: Comms, groups: list[Group], unscale: float = 1.0
+) -> torch.Tensor:
+    """L2 norm of the gradient divided by `unscale` across all shards: local sum of squares,
+    summed over `groups` (the groups across which the gradient is partitioned). fp32 pieces are
+    read in place (runs of them as one); any other piece is upcast on its own, one at a time."""
     sq = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
-    for g in coalesce(grads):
-        sq += _sum_of_squares(g)
+    in_place = unscale == 1.0 and all(g.dtype == torch.float32 for g in grads)
+    for g in coalesce(grads) if in_place else grads:
+        sq += _sum_of_squares(upcast(g, unscale))
     for group in groups:
         comms.all_reduce(sq, group)
     return sq.sqrt().float()
@@ -104,25 +127,30 @@ def global_grad_norm(grads: list[torch.Tensor], comms: Comms, groups: list[Group
 
 def _sum_of_squares(g: torch.Tensor, row: int = 4096) -> torch.Tensor:
     """Σ g² in fp64 without an fp64 copy of g: fp32 norms of 4096-element rows (accurate at that
-    length), squared and summed in fp64. ~20x faster on CPU than g.double().pow(2).sum(), within
-    ~1e-8 of it; a single fp32 norm of 10⁷+ elements is off by ~1e-3."""
+    length), squared and summed in fp64: faster than g.double().pow(2).sum() and within ~1e-8 of
+    it, where a single fp32 norm of 10⁷+ elements is off by ~1e-3."""
     n = g.numel() // row * row
     rows = torch.linalg.vector_norm(g[:n].reshape(-1, row), dim=1, dtype=torch.float32)
     return rows.double().square().sum() + g[n:].double().square().sum()
 
 
+def clip_coef(norm: torch.Tensor, max_norm: float) -> torch.Tensor | None:
+    """The factor torch.nn.utils.clip_grad_norm_ scales by (max/(norm+1e-6), ≤ 1); None when
+    clipping is off (`max_norm` 0)."""
+    return torch.clamp(max_norm / (norm + 1e-6), max=1.0) if max_norm > 0 else None
+
+
 def clip_(grads: list[torch.Tensor], norm: torch.Tensor, max_norm: float) -> None:
-    """Scale in place as torch.nn.utils.clip_grad_norm_ does (coefficient max/(norm+1e-6), ≤ 1)."""
-    if max_norm <= 0:
-        return
-    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    for g in coalesce(grads):
-        g.mul_(coef)
+    """Scale fp32 `grads` in place as torch.nn.utils.clip_grad_norm_ does."""
+    coef = clip_coef(norm, max_norm)
+    if coef is not None:
+        for g in coalesce(grads):
+            g.mul_(coef)
 
 
 class LossScaler:
-    """Dynamic loss scaling for fp16: halve on overflow and skip the step; double after `window`
-    clean steps."""
+    """Dynamic loss scaling for fp16 (its gradients are what `found_overflow` reads): halve on
+    overflow and skip the step; double after `window` clean steps."""
 
     def __init__(self, enabled: bool, initial: float, window: int):
         self.enabled = enabled
@@ -135,8 +163,12 @@ class LossScaler:
         if not self.enabled:
             return False
         flag = torch.zeros(1, device=grads[0].device)
-        for g in grads:  # no branch on the values, so a traced step (FakeTensorMode) runs it too
-            flag.add_(torch.isfinite(g).all().logical_not())
+        # Piece by piece, and no branch on the values, so a traced step (FakeTensorMode) runs it
+        # too. The fp32 sum of an fp16 piece is finite exactly when every element is (65504 times
+        # any piece's length is far inside fp32's range), and needs no temporary the size of the
+        # piece on a GPU, where isfinite() makes 5 bytes per element (abs, compares).
+        for g in grads:
+            flag.add_(torch.isfinite(g.sum(dtype=torch.float32)).logical_not())
         for group in groups:  # every rank must agree to skip
             comms.all_reduce(flag, group, op=torch.distributed.ReduceOp.MAX)
         return False if isinstance(flag, FakeTensor) else bool(flag.item())  # traced: no overflow
