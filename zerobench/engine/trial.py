@@ -60,15 +60,24 @@ def versions() -> dict:
 
 
 @functools.cache
-def git_revision() -> str | None:
+def git_revision() -> str:
+    """The short revision of the project's own checkout, or "unknown": when the package does not sit
+    in a git checkout whose top level is the directory holding its pyproject.toml (a copy of the tree
+    inside another repository would otherwise answer with that repository's revision), or git fails."""
+    root = Path(__file__).resolve().parents[2]  # zerobench/engine/trial.py -> the project's directory
+    if not (root / "pyproject.toml").is_file():
+        return "unknown"
     try:
-        root = Path(__file__).resolve().parents[2]
+        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=5)  # fmt: skip
+        if top.returncode or Path(top.stdout.strip()).resolve() != root:
+            return "unknown"
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
         )
-        return out.stdout.strip() or None
+        return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
-        return None
+        return "unknown"
 
 
 class _Record:
