@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
+from tests.unit.test_bf16_storage import loss_deviation
 from zerobench.clock import device_clock
 from zerobench.engine.runtime.launch import run_trial
 from zerobench.engine.trial import TrialSpec
@@ -40,11 +41,15 @@ def test_parity_and_state_bytes_on_one_gpu(stage):
 
 
 def test_bf16_compute_tracks_fp32():
-    fp32 = engine_run(0, spec_for("cpu-10m", device="cuda", stage=2, steps=10))
-    bf16 = engine_run(0, spec_for("cpu-10m", "bf16", device="cuda", stage=2, steps=10))
-    assert bf16["losses"][-1] < bf16["losses"][0]
-    for a, b in zip(bf16["losses"], fp32["losses"]):
-        assert a == pytest.approx(b, rel=3e-2)
+    # uniform random tokens: the loss wanders (fp32 on CPU: 9.035 -> 9.113), so bf16 is held to fp32
+    # step by step, not asked to fall. bf16 rounds each op's result to 8 significant bits (2^-8 ≈ 4e-3
+    # relative); the loss averages over every token, and on an H200 the two agreed to 3 decimals
+    # (docs/gpu.md), so 5e-3 relative leaves a wide margin while a run off by a step would fail.
+    fp32 = engine_run(0, spec_for("cpu-10m", device="cuda", stage=2, steps=10))["losses"]
+    bf16 = engine_run(0, spec_for("cpu-10m", "bf16", device="cuda", stage=2, steps=10))["losses"]
+    assert fp32 != bf16  # the compute really is 16-bit
+    rel, _ = loss_deviation(fp32, bf16)
+    assert rel < 5e-3
 
 
 def test_measured_record_has_cuda_statistics(tmp_path):
