@@ -170,8 +170,8 @@ def preset(name: str) -> ModelConfig:
 @dataclass(frozen=True)
 class PrecisionConfig:
     """Storage dtype of weights and gradients, kept apart from the compute dtype: on CPU a 16-bit
-    model stores 2 + 2 + 12 bytes per parameter but computes in fp32 (16-bit matmul is ~300x
-    slower there); on GPU it computes in the storage dtype."""
+    model stores 2 + 2 + 12 bytes per parameter but computes in fp32 (CPU kernels for 16-bit
+    matmul are far slower: docs/engine-measurements.md); on GPU it computes in the storage dtype."""
 
     mode: str = "fp32"
     device: str = "cpu"

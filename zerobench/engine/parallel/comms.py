@@ -9,8 +9,7 @@ On gloo, reduce-scatter and all-gather of contiguous tensors are issued as a pai
 each rank sends chunk j to rank j (isend/irecv) and sums or places what it receives. Every rank
 sends and receives exactly the (n−1)/n·N elements the ring moves, so the ledger is unchanged, but
 gloo's own reduce_scatter_tensor / all_gather_into_tensor stage the data through per-rank tensor
-lists and ran ~2x slower at equal bytes (200 MiB in 25 MiB buckets, 2 ranks, this 2-core machine:
-reduce-scatter 280–380 ms vs 160–170 ms pairwise, all-gather 210–230 ms vs 105–125 ms).
+lists, an extra copy of every chunk at equal bytes (docs/engine-measurements.md has the timings).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ brought back to the caller.
 
 A rank that has written its result and then dies at exit is not a failed run: gloo's threads can
 still abort a process in teardown ("terminate called without an active exception", SIGABRT) though
-the ranks leave together (topology.leave_together); at cpu-100m it struck 3 of ~60 peers rows.
+the ranks leave together (topology.leave_together); docs/engine-measurements.md says how often.
 When every rank's result is on disk, they are returned and the exit is reported on stderr;
 otherwise the failure is raised as torch gives it."""
 

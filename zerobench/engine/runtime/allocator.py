@@ -1,14 +1,14 @@
 """The host allocator a measured CPU trial runs with (`--allocator system|jemalloc|auto`).
 
-The default is the system's (glibc malloc): what a user runs, and the faster here. But glibc keeps
-freed activations in its heap while its mmap threshold moves with the sizes freed, so a trial's
-peak RSS lands 40-110 % above the most bytes its tensors hold at once (cpu-10m and cpu-100m
-trials against `zerobench trace`: 57-318 MiB more), in a way that follows the order of the
+The default is the system's (glibc malloc): what a user runs, and the faster of the two on the
+hosts measured. But glibc keeps freed activations in its heap while its mmap threshold moves with
+the sizes freed, so a trial's peak RSS lands well above the most bytes its tensors hold at once
+(docs/engine-measurements.md gives the readings), in a way that follows the order of the
 allocations rather than the model. Under jemalloc (`oversize_threshold:0`: large tensors from the
 ordinary arenas; `dirty_decay_ms:0,muzzy_decay_ms:0`: freed pages go back at once, so RSS holds
 live allocations, the CPU's counterpart of a GPU's peak allocated bytes) RSS is the tensors plus
 the runtime: with jemalloc's default 10 s decay, pages freed earlier in a step and not yet reused
-added megabytes more at cpu-10m. The steps run slower, as freed pages are faulted in again
+would add to it. The steps run slower, as freed pages are faulted in again
 (docs/perfmodel.md gives both readings). So a trial that checks memory against a
 prediction asks for jemalloc (the model_vs_measured sheet's memory trials); `auto` takes it when
 installed (Debian/Ubuntu: apt-get install libjemalloc2; scripts/setup.sh does as root).
@@ -27,7 +27,7 @@ from zerobench.engine.config import ConfigError
 CHOICES = ("auto", "jemalloc", "system")
 # Unless set already. Not PyTorch's CPU launcher's "oversize_threshold:1,background_thread:true"
 # (torch/backends/xeon/run_cpu.py): its background purge thread takes a core from the ranks when
-# they fill the host (cpu-10m dp 2: 0.32 s per step against 0.29 s with this and 0.28-0.30 s on glibc)
+# they fill the host (docs/engine-measurements.md)
 MALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:0"
 _PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
           "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")  # fmt: skip

@@ -34,7 +34,7 @@ from zerobench.engine.trial import TrialSpec, short_error
 
 CATEGORIES = ("param", "grad", "optimizer", "activation", "temporary", "other")
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category
-_DEVICE = torch.ops.prim.device.default  # the argument parser asks ~1.5 times per op
+_DEVICE = torch.ops.prim.device.default  # the argument parser asks for it more than once per op
 
 
 class StorageCounter(FakeTensorMode):
@@ -46,7 +46,7 @@ class StorageCounter(FakeTensorMode):
     gathered parameter buckets).
 
     One mode, not a TorchDispatchMode stacked on FakeTensorMode: each op crosses into Python once,
-    not twice, and the ~80k `prim.device` queries of a 100B step are answered here directly. Ops
+    not twice, and the `prim.device` queries (more than the ops) are answered here directly. Ops
     that FakeTensorMode runs inside another (decompositions) are not counted, as a mode stacked
     above it would not see them.
 
@@ -78,7 +78,7 @@ class StorageCounter(FakeTensorMode):
             self._see(t, category, force=True)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is _DEVICE:  # answered as FakeTensorMode's own handler does, at a tenth of the cost
+        if func is _DEVICE:  # answered as FakeTensorMode's own handler does, without its dispatch
             return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
         self._depth += 1
         try:

@@ -2,9 +2,9 @@
 gradients complete, the collectives in flight, and the step on the pieces this rank owns — unscale,
 overflow check, global-norm clipping, Adam (§5.1) — after which each updated piece can be sent.
 When nothing needs the whole gradient before Adam (no clipping, no loss scaling, fp32), the step
-starts while the last reductions are still in flight: on 2 ranks of a 2-core machine the last
-bucket's reduction (the one holding the embedding, completed last by backward) was otherwise
-waited for with nothing to do.
+starts while the last reductions are still in flight: otherwise the last bucket's reduction (the
+one holding the embedding, completed last by backward) is waited for with nothing to do
+(docs/engine-measurements.md says where that was seen).
 
 Each stage's own file says what it keeps, frees and communicates, and when: stage0.py (plain data
 parallelism), stage1.py (P_os), stage2.py (P_os+g), stage3.py (P_os+g+p).
