@@ -13,6 +13,7 @@ import yaml
 
 from zerobench.artifacts.claims import section as claims_section
 from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
+from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
 from zerobench.artifacts.superlinear import seen
@@ -167,6 +168,9 @@ def write_report(
         summary.append(line)
     if peers:
         sections.append(peers_section(peers))
+    gpu = gpu_section(Path(out).parent)  # measured on one H200 (results/gpu/h200), when it is there
+    if gpu:
+        sections.append(gpu)
     if claims:  # after the held-out error, before the artifacts
         sections.insert(0, claims_section(claims))
     heldout = heldout_section(Path(out).parent)  # the model's held-out error: first, as the headline

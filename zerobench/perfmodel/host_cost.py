@@ -33,6 +33,7 @@ HOST_OP_S = 12.67e-6  # s per op dispatched, measured on the H200 (calibrated-cu
 OPS_PER_LAYER = 100  # ops of one layer's forward + backward (calibrate's count on the engine's block)
 OPS_FIXED = 36  # ops of the embedding, final layernorm and loss, forward + backward (same count)
 GATHER_HOST_S = 70.2e-6  # s of host work per module gathered (fitted: gpt-1.5b s3 mb1 on the H200)
+FITTED_ON = ("gpt-1.5b", 3, 1)  # GATHER_HOST_S's one point: (preset, stage, micro-batch), results/gpu/h200
 
 
 def host_excess(host_s: float, device_s: float) -> float:
