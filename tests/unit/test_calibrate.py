@@ -487,3 +487,20 @@ def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
     calls = 15  # an engine that runs another count than the model's is refused
     with pytest.raises(RuntimeError, match="15 MP all-reduces per step; the model counts 14"):
         calibrate_runs.mp_step_waits(CPU, lambda _: None, rounds=1)
+
+
+def test_calibrate_takes_a_median_of_several_sweeps_unless_told(monkeypatch, tmp_path):
+    # a GPU's first sweep loads each kernel lazily and picks cuBLAS algorithms: the median of the
+    # default sweeps sets it aside (docs/gpu.md); one sweep only when asked for
+    seen = []
+
+    def fake(device, sizes, name, log, passes):
+        seen.append(passes)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(calibrate, "calibrate", fake)
+    for passes in (None, 1):
+        with pytest.raises(RuntimeError):
+            calibrate.main("cuda", str(tmp_path / "p.json"), (2,), passes)
+    assert seen == [calibrate_kernels.GEMM_PASSES, 1]
+    assert calibrate_kernels.GEMM_PASSES >= 3  # a median that outvotes one odd sweep

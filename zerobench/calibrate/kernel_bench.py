@@ -41,7 +41,9 @@ from zerobench.engine.zero.optimizer import ShardedAdam, clip_, global_grad_norm
 # cap are skipped (saturated: the model reads them halved into the measured range, kernels.gemm_rate).
 GEMM_DIMS = {"cpu": (64, 256, 1024, 4096, 16384), "cuda": (256, 1024, 4096, 16384)}
 GEMM_FLOP_CAP = {"cpu": 8e9, "cuda": 2e12}
-GEMM_PASSES = 5  # sweeps of the linear grid and of the kernels; each row keeps its median
+# sweeps of the linear grid and of the kernels; each row keeps its median, which 5 sweeps hold against
+# two odd ones (a GPU's first loads each kernel lazily and picks cuBLAS algorithms; docs/gpu.md)
+GEMM_PASSES = 5
 # bytes a stack of linears outgrows: 4x a CPU core's L2 (2 MiB here), past a GPU's L2 (50-60 MiB)
 EVICT_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
 KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**27)}
