@@ -161,18 +161,17 @@ def cmd_presets(args) -> int:
 
 def cmd_peers(args) -> int:
     # torch, and DeepSpeed where installed
-    from zerobench.peers.harness import IMPLEMENTATIONS
+    from zerobench.peers.harness import IMPLEMENTATIONS, default_impls
     from zerobench.peers.runner import run_peers, write_csv
     from zerobench.peers.summary import peers_markdown, plot_peers
 
     model, parallel, precision, train = configs(vars(args))
-    if precision.mode != "fp32" or precision.device != "cpu":
-        raise ConfigError(f"precision={precision.mode}/{precision.device}: the peers compare fp32 on cpu")
+    compared = {"cpu": ("fp32",), "cuda": ("fp32", "bf16")}[precision.device]
+    if precision.mode not in compared:
+        raise ConfigError(f"precision={precision.mode}: the peers on {precision.device} compare {'/'.join(compared)}")
     if train.grad_accum != 1:
         raise ConfigError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
-    impls = args.impls.split(",") if args.impls else [
-        i for i, (_, stage) in IMPLEMENTATIONS.items() if args.stage is None or stage == args.stage
-    ]  # fmt: skip
+    impls = args.impls.split(",") if args.impls else default_impls(parallel.world_size, args.stage)
     unknown = [i for i in impls if i not in IMPLEMENTATIONS]
     if unknown:
         raise ConfigError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
@@ -230,12 +229,14 @@ def parser() -> argparse.ArgumentParser:
     cal.set_defaults(fn=cmd_calibrate)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
     sweep_args(sub.add_parser("sweep", help="a sheet's modelled groups in one process, one record per trial"))
-    peers = sub.add_parser("peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed, side by side")
+    peers = sub.add_parser(
+        "peers", help="ours vs DDP, ZeroRedundancyOptimizer, FSDP2, DeepSpeed (dp > 1) or the plain loop (dp 1)"
+    )
     trial_args(peers, "peers")
-    peers.add_argument("--impls", help="comma-separated implementations (default: all, or those of --stage)")
+    peers.add_argument("--impls", help="comma-separated implementations (default: the world size's, or --stage's)")
     peers.add_argument("--rounds", type=int, default=1, help="run every row this many times, interleaved (medians)")
     peers.add_argument("--out", default="results/peers.csv", help="CSV to write")
-    peers.add_argument("--figure", help="PNG to write (step time and peak RSS per stage)")
+    peers.add_argument("--figure", help="PNG to write (step time and peak memory per stage)")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records -> one artifact's CSV")
     table.add_argument("artifact", help="its entry in zerobench/artifacts/registry.py: a sheet's `table` (fig2, ...)")

@@ -1,13 +1,19 @@
 """What every implementation in the side-by-side comparison shares: the same GPT with the same
 initial weights, the same token batches, and one measurement harness run on every rank of a
-world of its own (one spawned gloo world per implementation, zerobench/engine/parallel/spawn.py).
+world of its own (one spawned gloo world per implementation, zerobench/engine/parallel/spawn.py;
+on CUDA each rank drives its own GPU and the collectives on CUDA tensors go over an NCCL group of
+the same ranks, `device_group`).
 
-The harness times whole optimizer steps (median and spread over the timed steps), records the
-loss of every step averaged over DP ranks, the peak resident set of each rank (VmHWM: the
-high-water mark of this process's own address space, so the launcher's memory is not counted),
-and the collective bytes each implementation issues, observed at torch.distributed's Python API.
-For ours it also times the timed steps' collectives issued again with no compute, after them in
-the same world (ours.py, `collective_seconds`).
+The harness times whole optimizer steps on the engine's step timer (runtime/devices.py: on CUDA
+the stream waited for at each mark, so a step's time is its work, not its launch; median and
+spread over the timed steps), records the loss of every step averaged over DP ranks, the peak
+resident set of each rank (VmHWM: the high-water mark of this process's own address space, so
+the launcher's memory is not counted), on CUDA the peak allocated device memory of each rank
+(`torch.cuda.max_memory_allocated`, from a reset before the model is built), and the collective
+bytes each implementation issues, observed at torch.distributed's Python API. TFLOPS follow
+zerobench/flops.py's convention and MFU zerobench/gpus.py's datasheet peak, as a measured trial's
+record gives them. For ours it also times the timed steps' collectives issued again with no
+compute, after them in the same world (ours.py, `collective_seconds`).
 """
 
 from __future__ import annotations
@@ -17,19 +23,24 @@ import importlib
 import json
 import statistics
 import threading
-import time
 
 import torch
 import torch.distributed as dist
 
+from zerobench import flops
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.spawn import spawned
 from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.engine.runtime.devices import StepTimer, hardware_profile, peak_memory
 from zerobench.engine.trial import TrialSpec
 from zerobench.engine.zero.activations import apply_activation_checkpointing
+from zerobench.gpus import mfu
 
 # torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)
 TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3: "fsdp2-reshard"}
+# The plain PyTorch loop, eager and compiled (zerobench/peers/plain.py): one process, one device,
+# nothing partitioned, so beside stage 0.
+PLAIN = ("plain", "plain-compile")
 # Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to). Ordered by
 # stage, so each stage's rows are measured close together in time (a shared machine's load drifts).
 IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
@@ -37,10 +48,14 @@ IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
     for stage in range(4)
     for name, module in (
         (f"ours-{stage}", "ours"),
+        *(((plain, "plain") for plain in PLAIN) if stage == 0 else ()),
         (TORCH_PEER[stage], "torch_peers"),
         (f"deepspeed-{stage}", "deepspeed_peer"),
     )
 }
+# What one device compares unless told (world size 1): ours at every stage, the plain loop eager and
+# compiled, and FSDP2 (which at world size 1 still runs its gathers, casts and reduce-scatters).
+SINGLE_DEVICE = ("ours-0", "plain", "plain-compile", "ours-1", "ours-2", "fsdp2-no-reshard", "ours-3", "fsdp2-reshard")
 
 
 class Unavailable(Exception):
@@ -53,13 +68,31 @@ def family(impl: str):
     return importlib.import_module(f"zerobench.peers.{IMPLEMENTATIONS[impl][0]}")
 
 
-def reference_model(spec) -> GPT:
-    """The GPT every peer trains: our model, our seeded init, fp32 on CPU."""
-    model = GPT(spec.model)
-    if spec.parallel.checkpoint_activations:
+def default_impls(world_size: int, stage: int | None = None) -> list[str]:
+    """What `zerobench peers` compares unless told (of `stage`, if given): on one device
+    `SINGLE_DEVICE`; in a world of several ranks every data-parallel implementation."""
+    names = SINGLE_DEVICE if world_size == 1 else [i for i in IMPLEMENTATIONS if i not in PLAIN]
+    return [i for i in names if stage is None or IMPLEMENTATIONS[i][1] == stage]
+
+
+def reference_model(spec, checkpoint: bool = True) -> GPT:
+    """The GPT every peer trains: our model, fp32, on the trial's device (the current GPU on
+    CUDA), with our seeded init drawn there as our engine draws it. With `checkpoint` and a trial
+    that checkpoints activations, each block checkpointed by our engine's function (the same
+    recomputation as ours)."""
+    with torch.device(spec.precision.device):
+        model = GPT(spec.model)
+    if checkpoint and spec.parallel.checkpoint_activations:
         apply_activation_checkpointing(model, spec.parallel)
     model.init_weights(spec.train.seed)
     return model
+
+
+@functools.cache
+def device_group(device: str):
+    """The process group for collectives on `device`'s tensors: the (gloo) world on CPU, None;
+    on CUDA an NCCL group of every rank, made once per process (every rank calls this alike)."""
+    return None if device == "cpu" else dist.new_group(backend="nccl")
 
 
 def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -137,20 +170,24 @@ def _read_status_kib(field: str) -> int:
 # -- one rank -------------------------------------------------------------------------------------
 def train_on_rank(impl: str, spec, observer: CollectiveObserver | None = None) -> dict:
     """Build `impl` on this rank of an initialized world and train warm-up + timed steps.
-    Returns this rank's losses (every step), step times (timed steps) and base RSS."""
+    Returns this rank's losses (every step), step times (timed steps), the warm-up's seconds
+    (a compiled peer's compilation in them) and base RSS."""
     base_rss = _read_status_kib("VmRSS") * 1024
     trainer = family(impl).build(impl, spec)
-    losses, times = [], []
-    for step in range(spec.train.warmup + spec.train.steps):
+    warmup = spec.train.warmup
+    timer = StepTimer(torch.device(spec.precision.device))
+    losses = []
+    timer.mark()
+    for step in range(warmup + spec.train.steps):
         if observer is not None:
-            observer.active = step >= spec.train.warmup  # count the timed steps only
-        t0 = time.perf_counter()
+            observer.active = step >= warmup  # count the timed steps only
         losses.append(trainer.step(step))
-        if step >= spec.train.warmup:
-            times.append(time.perf_counter() - t0)
+        timer.mark()
     if observer is not None:
         observer.active = False
-    return {"losses": losses, "times": times, "base_rss": base_rss, "note": trainer.note, "trainer": trainer}
+    times = timer.times()
+    return {"losses": losses, "times": times[warmup:], "warmup_s": sum(times[:warmup]), "base_rss": base_rss,
+            "note": trainer.note, "trainer": trainer}  # fmt: skip
 
 
 def timed_collectives(trainer, observer: CollectiveObserver) -> dict:
@@ -164,23 +201,32 @@ def _on_rank(rank: int, impl: str, spec_dict: dict) -> dict | None:
     """One rank of `measure`'s world; rank 0 returns the raw measurements."""
     spec = TrialSpec.from_dict(spec_dict)
     world = dist.get_world_size()
+    device = torch.device(spec.precision.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.reset_peak_memory_stats(device)  # this rank's peak from here: build and steps
     observer = CollectiveObserver()  # before DeepSpeed binds torch.distributed's functions
     out = train_on_rank(impl, spec, observer)
     peak = _read_status_kib("VmHWM") * 1024
+    allocated = peak_memory(device)[1] if device.type == "cuda" else None
     replay = getattr(out["trainer"], "collective_seconds", None)  # ours: the bound row's collectives
     collective_s = replay() if replay is not None else None
     loss_t = torch.tensor(out["losses"], dtype=torch.float64)
     dist.all_reduce(loss_t)
     loss_t /= world
     per_rank = [None] * world
-    dist.all_gather_object(per_rank, (peak, out["base_rss"]))
+    dist.all_gather_object(per_rank, (peak, out["base_rss"], allocated))
     if rank != 0:
         return None
     return {
         "times": out["times"],
+        "warmup_s": out["warmup_s"],
         "losses": loss_t.tolist(),
-        "peak_rss": [p for p, _ in per_rank],
-        "base_rss": [b for _, b in per_rank],
+        "peak_rss": [p for p, _, _ in per_rank],
+        "base_rss": [b for _, b, _ in per_rank],
+        "peak_allocated": [a for _, _, a in per_rank],
+        "hardware": hardware_profile(device),
         "comm": timed_collectives(out["trainer"], observer),
         "collective_s": collective_s,
         "note": out["note"],
@@ -198,12 +244,22 @@ def measure(impl: str, spec, ranks: int | None = None) -> dict:
 
 
 def summarise(raw: dict, spec) -> dict:
-    """Row fields from raw measurements: median step time and spread, memory, bytes per step."""
+    """Row fields from raw measurements: median step time and spread, TFLOPS per device and MFU,
+    memory, bytes per step."""
     times = raw["times"]
     steps = len(times)
     comm = {op: {"calls": v["calls"] / steps, "bytes": v["bytes"] / steps} for op, v in sorted(raw["comm"].items())}
+    step_time = statistics.median(times)
+    model_flops = flops.step_flops(spec.model, spec.global_batch, spec.parallel.checkpoint_activations)
+    tflops = model_flops / step_time / spec.parallel.world_size / 1e12
+    allocated = raw.get("peak_allocated") or [None]
     return {
-        "step_time_s": statistics.median(times),
+        "step_time_s": step_time,
+        "warmup_time_s": raw.get("warmup_s"),
+        "hardware": raw.get("hardware"),
+        "tflops_per_gpu": tflops,
+        "mfu": mfu(tflops, raw.get("hardware")),
+        "peak_allocated_bytes": None if None in allocated else max(allocated),
         "step_time_min_s": min(times),
         "step_time_max_s": max(times),
         "step_time_iqr_s": _iqr(times),

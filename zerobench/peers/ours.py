@@ -53,7 +53,7 @@ class Trainer:
         one = spec.parallel.world_size == 1
         self.ctx = topology.single_process() if one else topology.build(spec.parallel.dp, spec.parallel.mp)
         self.comms = Comms(CallLedger())
-        self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device("cpu"))
+        self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device(spec.precision.device))
         self.note = f"bucket_bytes={spec.parallel.bucket_bytes}" + (
             f", reuse_bytes={spec.parallel.reuse_bytes}" if self.spec.parallel.stage == 3 else ""
         )
@@ -91,7 +91,7 @@ class Trainer:
         def buf(numel: int, elem_bytes: int, role: str) -> torch.Tensor:
             key = (numel, elem_bytes, role)
             if key not in buffers:
-                buffers[key] = torch.zeros(numel, dtype=_DTYPE[elem_bytes])
+                buffers[key] = torch.zeros(numel, dtype=_DTYPE[elem_bytes], device=self.engine.device)
             return buffers[key]
 
         def issue(op: str, group: str, numel: int, elem_bytes: int) -> None:

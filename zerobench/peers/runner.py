@@ -15,6 +15,11 @@ step, from its ledger, issued again after its timed steps in the same spawned wo
 CPU host the ranks' compute and gloo share the cores, so this is what this machine allows that
 stage's communication to cost. Every step time is shown over its stage's bound.
 
+On one device (world size 1, `zerobench peers --device cuda` by default: harness.SINGLE_DEVICE)
+there is no communication to bound: no floors and no bounds; each row is compared with ours at
+its stage (the plain loop, eager and compiled, with ours-0), with TFLOPS per device
+(zerobench/flops.py), MFU (zerobench/gpus.py) and on CUDA peak allocated device memory.
+
 Rounds (`--rounds R`): the floors and every implementation run R times, the order reversed every
 other round, so a slow spell of a shared host falls on the rows compared with each other. Each
 round's ratios are taken within the round; a row gives the median over the rounds of its step
@@ -28,6 +33,7 @@ import os
 import platform
 import statistics
 
+from zerobench import slow_spells
 from zerobench.engine import trial
 from zerobench.engine.runtime import probe
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
@@ -35,11 +41,13 @@ from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
-    "precision", "micro_batch", "global_batch", "warmup", "steps", "clip_norm", "threads_per_rank",
-    "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s",
-    "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes",
+    "device", "hardware", "precision", "checkpoint_activations", "micro_batch", "global_batch", "warmup", "steps",
+    "clip_norm", "threads_per_rank",
+    "step_time_s", "step_time_min_s", "step_time_max_s", "step_time_iqr_s", "warmup_time_s", "tflops_per_gpu", "mfu",
+    "peak_rss_bytes", "peak_rss_bytes_per_rank", "base_rss_bytes", "peak_allocated_bytes",
     "comm_bytes_per_step", "comm_per_step", "losses", "loss_ref", "loss_max_rel_diff",
-    "time_ratio_ours_over", "rss_ratio_ours_over", "time_over_floor", "time_over_floor_concurrent",
+    "time_ratio_ours_over", "rss_ratio_ours_over", "allocated_ratio_ours_over", "time_over_floor",
+    "time_over_floor_concurrent",
     "collective_s_per_step", "time_over_bound", "note",
     "peer_version", "versions", "git_rev", "host", "loadavg_before", "loadavg_after", "host_probe", "host_speed",
     "rounds", "time_over_floor_rounds", "time_over_bound_rounds",
@@ -47,7 +55,8 @@ COLUMNS = (
 # Per-round values a merged row gives as the median over its rounds (min and max: the extremes).
 _MEDIAN = (
     "step_time_s", "step_time_iqr_s", "collective_s_per_step", "time_over_floor", "time_over_floor_concurrent",
-    "time_over_bound", "time_ratio_ours_over", "rss_ratio_ours_over", "host_speed",
+    "time_over_bound", "time_ratio_ours_over", "rss_ratio_ours_over", "allocated_ratio_ours_over", "host_speed",
+    "tflops_per_gpu", "mfu",
 )  # fmt: skip
 
 
@@ -55,7 +64,7 @@ def _base_row(impl: str, spec) -> dict:
     module, stage = IMPLEMENTATIONS[impl]
     fam = family(impl)
     vers = {**trial.versions(), **fam.versions()}
-    peer = {"ours": "zerobench", "torch_peers": "torch", "deepspeed_peer": "deepspeed"}[module]
+    peer = {"ours": "zerobench", "torch_peers": "torch", "plain": "torch", "deepspeed_peer": "deepspeed"}[module]
     return {
         **dict.fromkeys(COLUMNS),
         "impl": impl,
@@ -65,7 +74,9 @@ def _base_row(impl: str, spec) -> dict:
         **{k: v for k, v in trial.model_columns(spec.model).items() if k in ("model", "num_params")},
         "dp": spec.parallel.dp,
         "world_size": spec.parallel.world_size,
+        "device": spec.precision.device,
         "precision": spec.precision.mode,
+        "checkpoint_activations": spec.parallel.checkpoint_activations,
         "micro_batch": spec.train.micro_batch,
         "global_batch": spec.global_batch,
         "warmup": spec.train.warmup,
@@ -158,8 +169,8 @@ def with_bounds(rows: list[dict]) -> list[dict]:
 def compare(rows: list[dict]) -> list[dict]:
     """Fill the loss agreement with ours (same stage, else our lowest), ours / peer ratios and
     every step time over each floor's and over its stage's bound, and each row's host speed
-    against the floor's (runtime/probe.py: < 1, the host ran slower than for the floor). The floors
-    train a different global batch, and a bound trains nothing: no loss check."""
+    against the floor's (zerobench/slow_spells.py: < 1, the host ran slower than for the floor).
+    The floors train a different global batch, and a bound trains nothing: no loss check."""
     ours = {r["stage"]: r for r in rows if r["family"] == "zerobench" and r["status"] == "ok"}
     concurrent = next((r for r in rows if r["family"] == FLOOR_CONCURRENT and r["status"] == "ok"), None)
     bounds = {r["stage"]: r for r in rows if r["family"] == BOUND}
@@ -168,7 +179,7 @@ def compare(rows: list[dict]) -> list[dict]:
             continue
         floor = floor_of(rows, r["stage"])
         if r.get("host_probe") and floor is not None:
-            r["host_speed"] = probe.host_speed(json.loads(r["host_probe"]), json.loads(floor["host_probe"]))
+            r["host_speed"] = slow_spells.host_speed(json.loads(r["host_probe"]), json.loads(floor["host_probe"]))
         for ref, column in ((floor, "time_over_floor"), (concurrent, "time_over_floor_concurrent")):
             if ref is not None:
                 r[column] = r["step_time_s"] / ref["step_time_s"]
@@ -185,13 +196,15 @@ def compare(rows: list[dict]) -> list[dict]:
         if r["family"] != "zerobench" and r["stage"] in ours:
             r["time_ratio_ours_over"] = ours[r["stage"]]["step_time_s"] / r["step_time_s"]
             r["rss_ratio_ours_over"] = ours[r["stage"]]["peak_rss_bytes"] / r["peak_rss_bytes"]
+            if r.get("peak_allocated_bytes") and ours[r["stage"]].get("peak_allocated_bytes"):
+                r["allocated_ratio_ours_over"] = ours[r["stage"]]["peak_allocated_bytes"] / r["peak_allocated_bytes"]
     return rows
 
 
 def run_peers(spec, impls=None, log=print, rounds: int = 1) -> list[dict]:
-    """Per stage, in order of stage, its floor (the concurrent floor after the first), then its
-    implementations in the order given, each stage's bound before ours; with `rounds` > 1 each run
-    that many times, interleaved, and merged (`merge_rounds`)."""
+    """Per stage, in order of stage, its floor (the concurrent floor after the first; none on one
+    device), then its implementations in the order given, each stage's bound before ours; with
+    `rounds` > 1 each run that many times, interleaved, and merged (`merge_rounds`)."""
     impls = list(impls or IMPLEMENTATIONS)
     for impl in impls:
         family(impl)  # an unknown name fails before anything runs
@@ -199,9 +212,10 @@ def run_peers(spec, impls=None, log=print, rounds: int = 1) -> list[dict]:
         raise ValueError(f"rounds={rounds}: run each row at least once")
     runs = []
     for k, stage in enumerate(sorted({IMPLEMENTATIONS[i][1] for i in impls})):
-        runs.append(lambda stage=stage: run_floor(spec, log, stage))
-        if k == 0:
-            runs.append(lambda: run_floor_concurrent(spec, log))
+        if spec.parallel.world_size > 1:  # one device: nothing communicated, nothing to bound
+            runs.append(lambda stage=stage: run_floor(spec, log, stage))
+            if k == 0:
+                runs.append(lambda: run_floor_concurrent(spec, log))
         runs += [lambda impl=impl: run_one(impl, spec, log) for impl in impls if IMPLEMENTATIONS[impl][1] == stage]
     each = []
     for r in range(rounds):
@@ -229,7 +243,8 @@ def merge_rounds(each: list[list[dict]]) -> list[dict]:
                 row[col] = statistics.median(values) if values else None
             row["step_time_min_s"] = min(r["step_time_min_s"] for r in same)
             row["step_time_max_s"] = max(r["step_time_max_s"] for r in same)
-            row["peak_rss_bytes"] = max(r["peak_rss_bytes"] or 0 for r in same) or None
+            for col in ("peak_rss_bytes", "peak_allocated_bytes"):
+                row[col] = max(r[col] or 0 for r in same) or None
             row["loadavg_before"] = min(r["loadavg_before"] for r in same)
             row["loadavg_after"] = max(r["loadavg_after"] for r in same)
             for col in ("time_over_floor", "time_over_bound"):

@@ -1,5 +1,7 @@
 """The comparison read back from results/peers.csv: a markdown table for results/REPORT.md and
-figures/peers.png (step time and peak memory per ZeRO stage, ours beside each peer). Imports no
+figures/peers.png (step time and peak memory per ZeRO stage, ours beside each peer). On one device
+(world size 1: `zerobench peers --device cuda`) the table gives TFLOPS, MFU and peak allocated
+device memory in place of the floors and bounds, which a world of one does not have. Imports no
 torch, so the report step stays light."""
 
 from __future__ import annotations
@@ -27,13 +29,37 @@ def _fmt(x, spec: str, dash: str = "—") -> str:
     return dash if x is None or x != x else format(x, spec)  # x != x: NaN
 
 
+def _one_device(df) -> bool:
+    """Rows of a world of one (no floors, no bounds): the single-device table."""
+    return "world_size" in df and bool((df["world_size"] == 1).all())
+
+
+def _cuda(df) -> bool:
+    return "device" in df and bool((df["device"] == "cuda").any())
+
+
+def _memory(df) -> tuple[str, str, str]:
+    """(column, its heading, the ratio ours / peer of it): peak allocated device memory on CUDA,
+    peak RSS per rank otherwise."""
+    if _cuda(df):
+        return "peak_allocated_bytes", "peak allocated (GiB)", "allocated_ratio_ours_over"
+    return "peak_rss_bytes", "peak RSS/rank (GiB)", "rss_ratio_ours_over"
+
+
+def _sorted(df):
+    return df.sort_values(["stage", "family"], key=_order, na_position="first")
+
+
 def peers_markdown(csv_path) -> str:
     """One line per implementation, grouped by ZeRO stage (its bound first), after the floors:
     median step time [min–max], its ratios to the floors and to its stage's bound, peak RSS per
-    rank, collective bytes per step, the loss agreement with ours and the ratios ours / peer."""
+    rank, collective bytes per step, the loss agreement with ours and the ratios ours / peer.
+    On one device: `device_markdown`."""
     df = _load(csv_path)
     if df.empty:
         return "_no peer rows_\n"
+    if _one_device(df):
+        return device_markdown(df)
     peers = df[~df["family"].isin((*FLOORS, BOUND))]
     first = (peers if not peers.empty else df).iloc[0]
     head = (
@@ -58,7 +84,7 @@ def peers_markdown(csv_path) -> str:
         "| peak RSS/rank (GiB) | comm MB/step | max loss rel. diff vs ours | time ours/peer | RSS ours/peer |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for _, r in df.sort_values(["stage", "family"], key=_order, na_position="first").iterrows():
+    for _, r in _sorted(df).iterrows():
         stage = _fmt(r["stage"], ".0f")
         if r["status"] != "ok":
             lines.append(
@@ -73,6 +99,50 @@ def peers_markdown(csv_path) -> str:
             f"| {_fmt(r['peak_rss_bytes'] / GiB, '.2f')} | {_fmt(r['comm_bytes_per_step'] / 1e6, '.1f')} "
             f"| {_fmt(r['loss_max_rel_diff'], '.1e')} | {_fmt(r['time_ratio_ours_over'], '.2f')} "
             f"| {_fmt(r['rss_ratio_ours_over'], '.2f')} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def device_markdown(df) -> str:
+    """The single-device table: per implementation, grouped by ZeRO stage, median step time
+    [min–max], the warm-up's seconds (a compiled peer's compilation in them), TFLOPS per device,
+    MFU, peak memory (allocated on CUDA, RSS on CPU), the loss agreement with ours and the ratios
+    ours / peer at the same stage."""
+    first = df.iloc[0]
+    column, heading, ratio = _memory(df)
+    hardware = df["hardware"].dropna() if "hardware" in df else []
+    peak = f"the {hardware.iloc[0]} datasheet's dense 16-bit peak" if len(hardware) else "a datasheet peak (none: —)"
+    ckpt = "one activation checkpoint per block" if first.get("checkpoint_activations") else "no activation checkpoints"
+    memory = (
+        "torch.cuda.max_memory_allocated from a reset before the model is built, each implementation in its own process"
+        if _cuda(df)
+        else "the process's peak RSS"
+    )
+    head = (
+        f"Measured on one {first['device']} device, one implementation at a time, each in its own process: "
+        f"`{first['model']}` ({first['num_params'] / 1e6:.1f}M parameters), world size 1, {first['precision']}, "
+        f"micro-batch {first['micro_batch']}, {ckpt}, median of {first['steps']} steps after {first['warmup']} "
+        f"warm-up (a compiled peer compiles in its warm-up), {_clipping(first)}{_rounds(first)}. TFLOPS per device "
+        f"by zerobench/flops.py's convention, MFU over {peak} (zerobench/gpus.py); peak memory: {memory}. Ratios "
+        "are ours / peer at the same stage (the plain loop beside ours-0; < 1: ours faster or smaller).\n\n"
+    )
+    lines = [
+        f"| stage | implementation | version | s/step (median [min–max]) | warm-up s | TFLOPS | MFU | {heading} "
+        "| max loss rel. diff vs ours | time ours/peer | memory ours/peer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in _sorted(df).iterrows():
+        stage = _fmt(r["stage"], ".0f")
+        if r["status"] != "ok":
+            lines.append(f"| {stage} | {r['impl']} | {r['peer_version']} | {r['status']}: {r['error']} | | | | | | | |")
+            continue
+        tflops = _fmt(r["tflops_per_gpu"], ".1f" if r["tflops_per_gpu"] >= 1 else ".2g")  # a CPU's: below one
+        lines.append(
+            f"| {stage} | {r['impl']} | {r['peer_version']} "
+            f"| {r['step_time_s']:.3f} [{r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f}] "
+            f"| {_fmt(r['warmup_time_s'], '.1f')} | {tflops} | {_fmt(r['mfu'], '.2f')} "
+            f"| {_fmt(r[column] / GiB, '.2f')} | {_fmt(r['loss_max_rel_diff'], '.1e')} "
+            f"| {_fmt(r['time_ratio_ours_over'], '.2f')} | {_fmt(r[ratio], '.2f')} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -115,9 +185,8 @@ def plot_peers(csv_path, png_path) -> None:
     stage_floors = floors[floors["family"] == FLOOR].dropna(subset=["stage"]).set_index("stage")["step_time_s"]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = {"zerobench": "tab:blue", "torch": "tab:orange", "deepspeed": "tab:green"}
-    for ax, (col, scale, label) in zip(
-        axes, (("step_time_s", 1.0, "median step time (s)"), ("peak_rss_bytes", GiB, "peak RSS per rank (GiB)"))
-    ):
+    memory, heading, _ = _memory(df)
+    for ax, (col, scale, label) in zip(axes, (("step_time_s", 1.0, "median step time (s)"), (memory, GiB, heading))):
         ticks, names = [], []
         x = 0.0
         if col == "step_time_s":  # a floor of no stage spans the figure; a stage's floor, its bars
@@ -150,9 +219,11 @@ def plot_peers(csv_path, png_path) -> None:
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     first = (ok if not ok.empty else df).iloc[0]
+    hardware = first.get("hardware")
+    where = "CPU/gloo" if not _cuda(df) else f"one {hardware} GPU" if isinstance(hardware, str) else "one CUDA device"
     fig.suptitle(
         f"zerobench vs peers, measured: {first['model']} ({first['num_params'] / 1e6:.0f}M), dp={first['dp']}, "
-        f"{first['precision']}, CPU/gloo (blue: ours; orange: torch; green: DeepSpeed; grouped by ZeRO stage 0→3)"
+        f"{first['precision']}, {where} (blue: ours; orange: torch; green: DeepSpeed; grouped by ZeRO stage 0→3)"
     )
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
