@@ -11,7 +11,8 @@ number with its error 100·(predicted − measured)/measured.
 
 `--compare DIR` remakes DIR/compare.csv from the records already in DIR/runs (no GPU, no run): the
 current model's predictions beside the measurements, on the datasheet profile and, when
-DIR/calibrated-cuda.json exists, on that calibrated profile.
+DIR/calibrated-cuda.json exists, on that calibrated profile, given the allocator's fragmentation the
+records measured where calibrate measured none (`with_measured_margins`).
 """
 
 from __future__ import annotations
