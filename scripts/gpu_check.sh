@@ -18,8 +18,9 @@ mkdir -p "$out"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee "$out/versions.txt"
 timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_devices.py 2>&1 | tee "$out/tests.log"
-# one pass of each grid: a quick profile (a single GPU has no group to time collectives in)
-timeout 150 "$py" -m zerobench.cli calibrate --device cuda --passes 1 --out "$out/calibrated-cuda.json" 2>&1 \
+# calibrate's default passes (the median of 5 sweeps of each grid, docs/gpu.md; about a minute on an
+# H200); a single GPU has no group to time collectives in
+timeout 150 "$py" -m zerobench.cli calibrate --device cuda --out "$out/calibrated-cuda.json" 2>&1 \
     | tee "$out/calibrate.log"
 timeout 270 "$py" -m zerobench.checks.gpu_check "$out" --budget-s 240 --profile "$out/calibrated-cuda.json" 2>&1 \
     | tee "$out/sweep.log"
