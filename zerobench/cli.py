@@ -171,6 +171,8 @@ def cmd_peers(args) -> int:
         raise ConfigError(f"precision={precision.mode}: the peers on {precision.device} compare {'/'.join(compared)}")
     if train.grad_accum != 1:
         raise ConfigError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
+    if precision.device == "cuda" and parallel.world_size != 1:
+        raise ConfigError(f"dp={parallel.dp}, mp={parallel.mp}: the peers on cuda compare one GPU (world size 1)")
     impls = args.impls.split(",") if args.impls else default_impls(parallel.world_size, args.stage)
     unknown = [i for i in impls if i not in IMPLEMENTATIONS]
     if unknown:

@@ -92,7 +92,7 @@ def test_compiled_loop_compiles_each_block_and_trains_the_same():
 def test_what_one_device_runs_and_refuses(tmp_path):
     """One device compares ours, the plain loop and FSDP2; a world of several ranks every
     data-parallel peer but the plain loop, which is refused there (skipped row). The command refuses
-    fp16 on CUDA and bf16 on CPU before anything runs."""
+    fp16 on CUDA, bf16 on CPU and more than one GPU before anything runs."""
     assert harness.default_impls(1) == list(harness.SINGLE_DEVICE)
     assert harness.default_impls(1, stage=0) == ["ours-0", "plain", "plain-compile"]
     assert not set(harness.PLAIN) & set(harness.default_impls(2))
@@ -102,6 +102,7 @@ def test_what_one_device_runs_and_refuses(tmp_path):
     out = tmp_path / "p.csv"
     assert cli.main(["peers", "--device", "cuda", "--precision", "fp16", "--out", str(out)]) == 2
     assert cli.main(["peers", "--precision", "bf16", "--out", str(out)]) == 2
+    assert cli.main(["peers", "--device", "cuda", "--precision", "bf16", "--dp", "2", "--out", str(out)]) == 2
     assert not out.exists()
 
 

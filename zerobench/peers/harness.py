@@ -1,8 +1,8 @@
 """What every implementation in the side-by-side comparison shares: the same GPT with the same
 initial weights, the same token batches, and one measurement harness run on every rank of a
 world of its own (one spawned gloo world per implementation, zerobench/engine/parallel/spawn.py;
-on CUDA each rank drives its own GPU and the collectives on CUDA tensors go over an NCCL group of
-the same ranks, `device_group`).
+on CUDA a world of one rank on one GPU (the command refuses more), whose FSDP2 collectives on CUDA
+tensors go over an NCCL group of that rank, `device_group`).
 
 The harness times whole optimizer steps on the engine's step timer (runtime/devices.py: on CUDA
 the stream waited for at each mark, so a step's time is its work, not its launch; median and
