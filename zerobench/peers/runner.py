@@ -128,11 +128,16 @@ def run_one(impl: str, spec, log=print, name: str | None = None, ranks: int | No
         row.update(status="error", error=f"{type(exc).__name__}: {str(exc).strip()[-400:]}")
     row["loadavg_after"] = round(os.getloadavg()[0], 2)
     row["host_probe"] = json.dumps([before, probe.read("cpu")])
-    log(
-        f"{row['impl']:28s} {row['status']:8s} "
-        + (f"{row['step_time_s']:.3f} s/step" if row["status"] == "ok" else row["error"])
-    )
+    log(f"{row['impl']:28s} {row['status']:8s} " + (_measured(row) if row["status"] == "ok" else row["error"]))
     return row
+
+
+def _measured(row: dict) -> str:
+    """A row's numbers on its log line, as it finishes (what is left if the run is cut short)."""
+    text = f"{row['step_time_s']:.3f} s/step, {row['tflops_per_gpu']:.3g} TFLOPS, warm-up {row['warmup_time_s']:.1f} s"
+    if row.get("peak_allocated_bytes"):
+        text += f", peak allocated {row['peak_allocated_bytes'] / 2**30:.2f} GiB"
+    return text
 
 
 def floor_of(rows: list[dict], stage) -> dict | None:
