@@ -109,6 +109,37 @@ def test_saved_weights_are_tokens_not_copies():
     assert counts == {"fp32": {"view": saved, "cast": 0}, "bf16": {"view": 0, "cast": saved}}
 
 
+def _views_of_the_shard(engine: Stage3) -> dict:
+    """A probe at N_d = 1: whether every partitioned parameter is a view of the shard, and the
+    gather counters."""
+    shard = engine.shard.untyped_storage().data_ptr()
+    managed = [engine.params[i] for b in engine.layout.buckets[: engine.managed] for i in b.slots]
+    return {
+        "views": all(p.untyped_storage().data_ptr() == shard for p in managed),
+        "gathers": engine.gathered.gathers,
+        "peak": engine.gathered.peak_live_bytes,
+        "packed": dict(engine.packed),
+        "staged": engine.grads.staging,
+    }
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_one_rank_gathers_nothing_and_matches_stage_0(precision):
+    """At N_d = 1 the shard is the model: parameters are views of it for good (no gather, copy or
+    free), gradients go straight into it (no staging), and only the 16-bit weights' fp32 casts
+    are packed as tokens. It trains as stage 0 does, to rounding (the norm's pieces differ)."""
+    kw = dict(micro_batch=2, grad_accum=2, checkpoint_activations=True, steps=3)
+    spec = spec_for("awkward", precision, dp=1, stage=3, **kw)
+    r = threaded(1, engine_run, spec, _views_of_the_shard)[0]
+    s0 = threaded(1, engine_run, spec_for("awkward", precision, dp=1, stage=0, **kw))[0]
+    assert all(p["views"] and p["gathers"] == p["peak"] == 0 and p["staged"] == {} for p in r["probes"])
+    casts = r["probes"][0]["packed"]["cast"]
+    assert r["probes"][0]["packed"] == {"view": 0, "cast": casts} and (casts > 0) == (precision == "bf16")
+    assert rel_err(r["params"], s0["params"]) < 1e-6
+    for a, b in zip(r["losses"], s0["losses"]):
+        assert a == pytest.approx(b, rel=1e-6)
+
+
 # -- memory ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("dp", [2, 4])

@@ -28,7 +28,9 @@ class PartitionedGradients:
     """This rank's gradient chunk of every bucket (`shard`, split into `pieces`), filled by
     reduce-scattering each bucket's staged gradients on every micro-batch (stages 2 and 3). The
     first micro-batch of a step (`fresh`) reduce-scatters straight into the chunk, overwriting last
-    step's values; later ones into a buffer that is then added to it."""
+    step's values; later ones into a buffer that is then added to it. On one DP rank the chunk is
+    the whole bucket and the reduce-scatter would be a copy: each gradient goes straight into its
+    place (`direct`), with no staging buffer."""
 
     def __init__(self, layout: FlatLayout, dp: Group, comms: Comms, pool: BufferPool):
         self.layout, self.dp, self.comms, self.pool = layout, dp, comms, pool
@@ -36,9 +38,15 @@ class PartitionedGradients:
         self.pieces = list(self.shard.split([b.chunk for b in layout.buckets]))
         self.staging: dict[int, torch.Tensor] = {}  # bucket -> its gradients, until reduced
         self.fresh = True
+        self.direct = dp.size == 1
 
     def take(self, slot: Slot, grad: torch.Tensor) -> None:
         bucket = self.layout.buckets[slot.bucket]
+        if self.direct:
+            lo = slot.offset - bucket.start
+            piece = self.pieces[bucket.index][lo : lo + slot.numel]
+            piece.copy_(grad) if self.fresh else piece.add_(grad)
+            return
         staging = self.staging.get(bucket.index)
         if staging is None:  # the parameters fill [0, numel) of it; only the padding is zeroed
             staging = self.staging[bucket.index] = self.pool.take(bucket.padded)
@@ -50,6 +58,8 @@ class PartitionedGradients:
     def reduce(self, bucket: Bucket) -> tuple[Handle, object]:
         """Start the bucket's reduce-scatter; returns its handle and what to run once it is done
         (add the sum in, unless it went straight there; hand the buffers back to the pool)."""
+        if self.direct:
+            return Handle(None, None), lambda: None
         dst, fresh, staging = self.pieces[bucket.index], self.fresh, self.staging.pop(bucket.index)
         out = dst if fresh else self.pool.take(bucket.chunk)
         handle = self.comms.reduce_scatter(out, staging, self.dp, async_op=True)

@@ -23,6 +23,12 @@ updates the shard and nothing is gathered after the step, except the persistent 
 costs a reduce-scatter per micro-batch and one all-gather after the step, (m + 1)Ψ_p instead of
 3mΨ_p. When and how much is gathered ahead (prefetch) or held for reuse is gather.py's; reuse moves
 less than 3Ψ (the root bucket, held from the forward's end into backward: 3Ψ − Ψ_root).
+
+On one DP rank (N_d = 1) a bucket's chunk is the whole bucket and there is nothing to gather:
+every parameter is a view of the shard for good, so no module hooks gather, copy or free, and
+gradients go straight into the shard (stage2.PartitionedGradients). Saved weights are still
+packed as tokens where the compute dtype differs from the storage dtype (a 16-bit model on CPU),
+so the fp32 casts are remade in backward rather than kept, as at any N_d.
 """
 
 from __future__ import annotations
@@ -103,11 +109,18 @@ class Stage3(ZeroEngine):
         self._in_backward = False
         self.packed = {"view": 0, "cast": 0}
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        model.register_forward_pre_hook(self._begin_forward)
-        model.register_forward_hook(self._end_forward, always_call=True)
+        self.whole_shard = dp.size == 1  # the shard is every bucket, whole: nothing to gather
+        casts = any(getattr(m, "compute_dtype", self.dtype) != self.dtype for m in model.modules())
+        if not self.whole_shard or casts:
+            model.register_forward_pre_hook(self._begin_forward)
+            model.register_forward_hook(self._end_forward, always_call=True)
+        if self.whole_shard:
+            for b in range(self.managed):
+                self._point(b, self._shard_pieces[b])
+            return
         for module, b in modules:
-            module.register_forward_pre_hook(self._pre_hook(b))
-            module.register_forward_hook(self._post_hook(b))
+            module.register_forward_pre_hook(self._pre_hook([b]))
+            module.register_forward_hook(self._post_hook([b]))
 
     # -- storage --------------------------------------------------------------------------------
     def _place(self, layout: FlatLayout) -> None:
@@ -145,8 +158,9 @@ class Stage3(ZeroEngine):
             slot = self.layout.slots[i]
             if flat is None:
                 self.params[i].data = self._released[slot.shape]
-            else:
-                self.params[i].data = flat.as_strided(slot.shape, _strides(slot.shape), slot.offset - bucket.start)
+            else:  # as_strided's offset counts from the storage's start, not from the view's
+                offset = flat.storage_offset() + slot.offset - bucket.start
+                self.params[i].data = flat.as_strided(slot.shape, _strides(slot.shape), offset)
 
     # -- forward: gather before a module, release after it --------------------------------------
     def _begin_forward(self, module, args) -> None:
@@ -157,21 +171,23 @@ class Stage3(ZeroEngine):
         self._saved_hooks.__exit__(None, None, None)
         self.pool.clear()  # what backward gathers first (the root, the last block) is not what forward freed last
 
-    def _pre_hook(self, b: int):
+    def _pre_hook(self, buckets: list[int]):
         def hook(module, args) -> None:
-            if not self._in_backward:  # in backward (recomputation) the bucket is held until its grads
-                self._uses[b] = self._uses.get(b, 0) + 1
-            self.gathered.fetch(b, self._in_backward)
+            for b in buckets:
+                if not self._in_backward:  # in backward (recomputation) the bucket is held until its grads
+                    self._uses[b] = self._uses.get(b, 0) + 1
+                self.gathered.fetch(b, self._in_backward)
 
         return hook
 
-    def _post_hook(self, b: int):
+    def _post_hook(self, buckets: list[int]):
         def hook(module, args, output) -> None:
             if self._in_backward:
                 return
-            self._uses[b] -= 1
-            if self._uses[b] == 0:
-                self.gathered.done(b)
+            for b in buckets:
+                self._uses[b] -= 1
+                if self._uses[b] == 0:
+                    self.gathered.done(b)
 
         return hook
 
@@ -184,14 +200,16 @@ class Stage3(ZeroEngine):
             dtype = base.dtype
             if i is not None and base.shape != self.params[i].shape:
                 i = None
-        if i is None or self.layout.slots[i].bucket >= self.managed:
-            return t
+        if i is None or self.layout.slots[i].bucket >= self.managed or (self.whole_shard and dtype is None):
+            return t  # kept whole (persistent, or every bucket at N_d = 1): saving it costs nothing
         self.packed["cast" if dtype is not None else "view"] += 1
         return _Token(i, dtype, t.size(), t.stride(), t.storage_offset())
 
     def _unpack(self, saved):
         if not isinstance(saved, _Token):
             return saved
+        if self.whole_shard:  # a cast: the parameter is there for good
+            return self.params[saved.index].detach().to(saved.dtype).as_strided(saved.size, saved.stride, saved.offset)
         buf = self.gathered.fetch(self.layout.slots[saved.index].bucket, in_backward=True)
         base = buf if saved.dtype is None else self.params[saved.index].detach().to(saved.dtype)
         return base.as_strided(saved.size, saved.stride, saved.offset)
@@ -214,9 +232,10 @@ class Stage3(ZeroEngine):
 
     # -- step -----------------------------------------------------------------------------------
     def _send(self, i: int) -> Handle:
-        """Only persistent buckets are whole on every rank: gather their updated chunks."""
+        """Only persistent buckets are whole on every rank: gather their updated chunks (on one
+        rank Adam updated them in place)."""
         whole = self.whole.get(i)
-        if whole is None:
+        if whole is None or self.whole_shard:
             return Handle(None, None)
         return self.comms.all_gather(whole, self.optimizer.params[i].clone(), self.ctx.dp, async_op=True)
 
