@@ -54,7 +54,8 @@ IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
     )
 }
 # What one device compares unless told (world size 1): ours at every stage, the plain loop eager and
-# compiled, and FSDP2 (which at world size 1 still runs its gathers, casts and reduce-scatters).
+# compiled, and FSDP2 (at world size 1 its per-block unshard and reshard, bf16 casts and gradient
+# hand-over, with whatever collectives its version still issues there, counted in the row).
 SINGLE_DEVICE = ("ours-0", "plain", "plain-compile", "ours-1", "ours-2", "fsdp2-no-reshard", "ours-3", "fsdp2-reshard")
 
 
