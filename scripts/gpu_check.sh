@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Every GPU check of the project, in one run of under 8 minutes on one GPU: the GPU tests (with
-# the device-clock and pinned-buffer tests, which run for real only here), `zerobench calibrate`
-# of this GPU, then a micro-batch sweep of two presets measured beside the performance model on the
-# datasheet profile and on the calibrated one (zerobench/checks/gpu_check.py), then ours beside
-# PyTorch on this GPU (`zerobench peers --device cuda`, docs/gpu-peers.md). Uses the machine's
-# own python3 with PyTorch (no set-up, no network); everything goes under $OUT/<device> (default
-# results/gpu/<device>): versions, nvidia-smi, each step's log, the profile, runs/ and compare.csv,
-# peers/ (one CSV and figure per model, peers.log).
+# Every GPU check of the project, in one run planned for under 8 minutes on one GPU (each step has
+# its own time limit; the peers take what the steps before them left of 460 s, none if under
+# 100 s): the GPU tests (with the device-clock and pinned-buffer tests, which run for real only
+# here), `zerobench calibrate` of this GPU, then a micro-batch sweep of two presets measured beside
+# the performance model on the datasheet profile and on the calibrated one
+# (zerobench/checks/gpu_check.py), then ours beside PyTorch on this GPU (`zerobench peers --device
+# cuda`, docs/gpu-peers.md). Uses the machine's own python3 with PyTorch (no set-up, no network);
+# everything goes under $OUT/<device> (default results/gpu/<device>): versions, nvidia-smi, each
+# step's log, the profile, runs/ and compare.csv, peers/ (one CSV and figure per model, peers.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
