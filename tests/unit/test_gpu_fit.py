@@ -65,7 +65,12 @@ def test_compare_from_disk_calls_no_trained_run_out_of_memory(tmp_path):
     assert len(rows) == 12 and (rows.status == "ok").all()
     for prefix in ("", "calibrated_"):  # an out-of-memory prediction has no TFLOPS
         assert rows[f"{prefix}predicted_tflops"].notna().all()
-        assert rows[f"{prefix}peak_bytes_error_pct"].abs().max() < 15
+    assert rows.peak_bytes_error_pct.abs().max() < 15  # the paper's codes' fp32 gradient buffer, as these runs held
+    # the calibrated profile prices this engine as it is now: without the 4 B/param step temporary
+    # these runs held, so below them, by no more than that temporary (to 1 GB)
+    params = rows.model.map({"gpt-1.5b": 1_557_611_200, "dp-6b": 6_048_420_864})
+    below = rows.peak_allocated_bytes - rows.calibrated_predicted_peak_bytes
+    assert (below > 0).all() and (below < 4 * params + 1e9).all()
     assert pd.read_csv(tmp_path / "compare.csv").shape == rows.shape
 
 

@@ -1,6 +1,8 @@
 """Memory feasibility per GPU: what is resident, whether it fits, the largest batch and model.
 
-Per GPU, in bytes (paper §3, §5, §6):
+On a measured profile (one `zerobench calibrate` wrote: this engine's own machine, CPU or GPU) the
+bytes are this engine's, as `zerobench trace` counts them (engine_memory.py). On a datasheet
+profile they are the paper's codes', per GPU, in bytes (paper §3, §5, §6):
 - model states: the paper's formulas per stage (zerobench/memory.py; Ψ/N_m per MP rank, then /N_d);
 - activation checkpoints: one per layer, b·s·h 16-bit elements, replicated on every MP rank, /N_m
   with P_a, ≈0 on the device with P_a+cpu (only the layer being moved is staged);
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
+from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
@@ -128,13 +131,6 @@ def fsdp_gathered_bytes(model: ModelConfig, mp: int, act_bytes: int) -> float:
     return (3 * 12 * h * h + 2 * model.vocab * h) * act_bytes / mp
 
 
-def activation_dtype_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
-    """Bytes per activation element: the compute dtype's. A CPU host computes in fp32 whatever the
-    storage (config.PrecisionConfig); a GPU in the storage dtype. The hardware decides, not the
-    precision's device field: a GPU profile modelled from a CPU command line is still a GPU."""
-    return 4 if hw.ranks_share_compute else precision.bytes_pgk[0]
-
-
 def breakdown(
     model: ModelConfig,
     parallel: ParallelConfig,
@@ -144,14 +140,17 @@ def breakdown(
     cal: Calibration,
     attention: str = "materialized",
 ) -> MemoryBreakdown:
-    if hw.ranks_share_compute:  # this engine on a CPU host, as its RSS grows (engine_memory.py)
+    if hw.measured or hw.ranks_share_compute:
+        # this engine on the machine calibrate measured (engine_memory.py): a CPU host, as its RSS
+        # grows, or a GPU, as its allocator hands out
         peak = engine_peak(model, parallel, precision, micro_batch, hw)
         parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
         states = sum(parts.values())
+        usable = hw.memory_bytes if hw.ranks_share_compute else usable_bytes(hw, cal, parallel.contiguous_buffers)
         return MemoryBreakdown(
             **parts, checkpoint_bytes=peak["activations"],
             working_bytes=tensor_peak(peak) - states - peak["activations"],
-            buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=hw.memory_bytes,
+            buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=usable,
             build_bytes=build_peak_bytes(parts, model.largest_param_numel) + peak["runtime"],
         )  # fmt: skip
     p_bytes = activation_dtype_bytes(precision, hw)
