@@ -252,6 +252,9 @@ class ParallelConfig:
             _require(value % self.mp == 0, field, f"must be divisible by mp ({self.mp})", value)
 
 
+COMPILE = ("auto", "on", "off")  # TrainConfig.compile
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """One trial's optimisation settings. Adam as in the paper; no dropout, so runs are exact."""
@@ -266,6 +269,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 1.0  # global gradient norm; 0 disables clipping
     seed: int = 1234
+    compile: str = "auto"  # torch.compile each block's compute: on, off, or auto (on for cuda, off for cpu)
 
     def __post_init__(self):
         _positive_ints(self, "micro_batch", "grad_accum", "steps")
@@ -280,6 +284,12 @@ class TrainConfig:
         _require(self.eps > 0, "eps", "must be > 0", self.eps)
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
         _require(self.clip_norm >= 0, "clip_norm", "must be >= 0 (0 disables clipping)", self.clip_norm)
+        _require(self.compile in COMPILE, "compile", f"must be one of {COMPILE}", self.compile)
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether blocks are compiled on a `device_type` device: `auto` compiles on cuda only, so
+        every CPU run keeps the eager kernels it was measured with."""
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
 
 # The paper's ZeRO configurations C1–C5 (SC20 Table III, paper.md §4.1): ZeRO-DP stage plus the

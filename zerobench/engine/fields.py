@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench.engine.config import ZERO_CONFIGS, ParallelConfig, TrainConfig
+from zerobench.engine.config import COMPILE, ZERO_CONFIGS, ParallelConfig, TrainConfig
 from zerobench.memory import BYTES_PER_PARAM
 
 MiB = 2**20  # bytes; the flags take buffer sizes and budgets in MiB
@@ -161,6 +161,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           schema={"minimum": 0}, sets="train.weight_decay"),
     Field("timeout", float, "seconds a collective (or a step) may wait", "run", 1800.0, "to",
           commands=("run", "peers"), schema={"exclusiveMinimum": 0}),
+    Field("compile", str, "torch.compile each block's compute (zerobench/engine/compile.py); auto: on for cuda, off "
+          "for cpu", "run", _T.compile, "compile-", commands=("run",), choices=COMPILE,
+          column=("compile", "train.compile"), sets="train.compile"),
 )}  # fmt: skip
 SHEET_FIELDS = tuple(name for name, f in FIELDS.items() if f.tag is not None or not f.flag)
 

@@ -2,10 +2,11 @@
 time steps, and make the record. The rank worker and the launcher are in zerobench/engine/runtime/launch.py.
 
 The trained thing is composed, as torchtitan composes it: the plain GPT (zerobench/engine/model.py) is
-built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3),
-checkpointed per block with ZeRO-R's P_a / P_a+cpu / M_D (`apply_activation_checkpointing`, §6),
-and wrapped in its ZeRO-DP stage's engine (`apply_zero`, §5), which allocates on the device only
-what its stage keeps and fills it from the model's initial values, one parameter at a time."""
+built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3), each
+block's compute compiled where the trial says so (`apply_compile`; by default on cuda, never on
+cpu), checkpointed per block with ZeRO-R's P_a / P_a+cpu / M_D (`apply_activation_checkpointing`,
+§6), and wrapped in its ZeRO-DP stage's engine (`apply_zero`, §5), which allocates on the device
+only what its stage keeps and fills it from the model's initial values, one parameter at a time."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench import flops, memory
+from zerobench.engine.compile import apply_compile
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
@@ -30,12 +32,15 @@ from zerobench.engine.zero.activations import apply_activation_checkpointing, ch
 from zerobench.gpus import mfu
 
 
-def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms) -> GPT:
+def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device) -> GPT:
     """This rank's model on the meta device (shapes only, nothing allocated): split over its MP
-    group, checkpointed as the spec says, in the storage dtype. The engine allocates it."""
+    group, its blocks compiled for `device` and checkpointed as the spec says, in the storage
+    dtype. The engine allocates it."""
     with torch.device("meta"):
         model = GPT(spec.model)
     apply_tensor_parallel(model, ctx.mp, comms)
+    if spec.train.compiles(device.type):  # inside the checkpoint: its boundary stays eager
+        apply_compile(model)
     if spec.parallel.checkpoint_activations:
         apply_activation_checkpointing(model, spec.parallel, ctx.mp, comms)
     return model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
@@ -46,7 +51,7 @@ def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, d
     it trains in: the engine allocates only what its stage keeps and fills it from the
     single-process model's initial values, one parameter at a time (paper §5.3: no rank holds the
     whole model)."""
-    model = build_model(spec, ctx, comms)
+    model = build_model(spec, ctx, comms, device)
     values = model.initial_values(spec.train.seed, device)
     return apply_zero(model, ctx, spec.parallel, spec.precision, spec.train, comms, device, values)
 
@@ -185,6 +190,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
         first_loss=float(loss_t[0]),
         last_loss=float(loss_t[-1]),
         extra={
+            "compiled": spec.train.compiles(device.type),  # the blocks ran torch.compile'd (`compile`)
             "rss_growth_bytes": int(peaks[3]),
             "allocator": allocator.in_use(),
             "host_probe": host_probe,  # readings before the build, after the timed steps (runtime/probe.py)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zerobench.engine.compile import compiled
 from zerobench.engine.parallel.comms import Comms, Handle
 from zerobench.engine.zero.core import ZeroEngine
 from zerobench.engine.zero.gather import GatheredBuckets
@@ -118,9 +119,9 @@ class Stage3(ZeroEngine):
             for b in range(self.managed):
                 self._point(b, self._shard_pieces[b])
             return
-        for module, b in modules:
-            module.register_forward_pre_hook(self._pre_hook([b]))
-            module.register_forward_hook(self._post_hook([b]))
+        for module, buckets in _units(model, modules) if compiled(model) else [(m, [b]) for m, b in modules]:
+            module.register_forward_pre_hook(self._pre_hook(buckets))
+            module.register_forward_hook(self._post_hook(buckets))
 
     # -- storage --------------------------------------------------------------------------------
     def _place(self, layout: FlatLayout) -> None:
@@ -258,6 +259,19 @@ class Stage3(ZeroEngine):
                 lo = slot.offset - bucket.start
                 out[slot.name] = flat[lo : lo + slot.numel].view(slot.shape).float().clone()
         return {name: out[name] for name, _ in self.model.named_parameters()}
+
+
+def _units(model: torch.nn.Module, modules: list[tuple[torch.nn.Module, int]]):
+    """(module, buckets) pairs to gather and release together when the blocks are compiled
+    (zerobench/engine/compile.py): a block's buckets around the block, so its compiled compute
+    runs with every parameter gathered and no hook inside a graph (FSDP2's unit, torchtitan's
+    compile unit); modules outside the blocks keep their own."""
+    owner = {id(m): block for block in model.blocks for m in block.modules()}
+    units: dict[int, tuple[torch.nn.Module, list[int]]] = {}
+    for module, b in modules:
+        unit = owner.get(id(module), module)
+        units.setdefault(id(unit), (unit, []))[1].append(b)
+    return list(units.values())
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
