@@ -68,8 +68,8 @@ def test_fp32_step_copies_no_piece(dp, stage):
 def test_dp_6b_traces_at_the_formula_plus_one_bucket(stage):
     """The H200 case (dp-6b, N_d = 1, bf16, checkpointing): the traced temporary is the largest
     bucket (wte, its own) in fp32 plus one micro-batch's logits in bf16 and fp32, to the byte but
-    for scalars, and the peak the 16 B/param states plus activations and that — 97.7 GB at stage
-    0, 98.4 GB at stage 3, where a step that upcast the whole gradient peaked at 121.0 GB."""
+    for scalars, and the peak the 16 B/param states plus activations and that — 97.7 GB at stages
+    0 and 3, where a step that upcast the whole gradient peaked at 121.0 GB."""
     spec = TrialSpec(
         preset("dp-6b"),
         ParallelConfig(dp=1, stage=stage, checkpoint_activations=True),

@@ -233,12 +233,13 @@ class Stage3(ZeroEngine):
 
     # -- step -----------------------------------------------------------------------------------
     def _send(self, i: int) -> Handle:
-        """Only persistent buckets are whole on every rank: gather their updated chunks (on one
-        rank Adam updated them in place)."""
+        """Only persistent buckets are whole on every rank: gather their updated chunks, in place
+        (this rank's chunk is where the gather puts it, as core.gather_updated); on one rank Adam
+        updated them where they are."""
         whole = self.whole.get(i)
         if whole is None or self.whole_shard:
             return Handle(None, None)
-        return self.comms.all_gather(whole, self.optimizer.params[i].clone(), self.ctx.dp, async_op=True)
+        return self.comms.all_gather(whole, self.optimizer.params[i], self.ctx.dp, async_op=True)
 
     # -- inspection -----------------------------------------------------------------------------
     def transient_states(self):
