@@ -140,6 +140,16 @@ def test_one_rank_gathers_nothing_and_matches_stage_0(precision):
         assert a == pytest.approx(b, rel=1e-6)
 
 
+def test_one_dp_rank_with_mp_matches_the_reference():
+    """N_d = 1 beside N_m = 2: each MP rank's shard is its whole split model, views for good."""
+    spec = dataclasses.replace(spec_for("tiny", dp=1, mp=2, stage=3, micro_batch=4), model=preset("tiny"))
+    out = threaded(2, engine_run, spec, _views_of_the_shard)
+    ref = _reference("tiny", spec.global_batch)
+    for r in out:
+        assert rel_err(r["params"], ref["params"]) < 1e-5
+        assert all(p["views"] and p["gathers"] == 0 for p in r["probes"])
+
+
 # -- memory ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("dp", [2, 4])
