@@ -88,7 +88,10 @@ def test_every_field_that_sets_an_attribute_reaches_it():
     built = dict(zip(("parallel", "train"), configs({"model": "tiny", "dp": 2})[1::2]))
     for name, f in FIELDS.items():
         if f.sets:
-            value = 2 if f.kind is int else 2.5  # off every default, valid for every such field
+            if f.choices:
+                value = next(c for c in f.choices if c != f.default and c != "auto")
+            else:
+                value = 2 if f.kind is int else 2.5  # off every default, valid for every such field
             config, attribute = f.sets.split(".")
             got = getattr(dict(zip(("parallel", "train"), configs({"model": "tiny", name: value})[1::2]))[config],
                           attribute)  # fmt: skip
