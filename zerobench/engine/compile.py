@@ -11,8 +11,7 @@ autograd has left any compiled backward. Stage 3's saved-weight tokens still app
 its parameter inputs, which are packed as at any other time, but a weight cast inside a graph (a
 16-bit model computing in fp32, on CPU) is a graph output and is kept from forward to backward.
 
-`BACKEND` is the compiler; a test may set another (`"aot_eager"`: the same graph capture and
-autograd, without generated kernels).
+`BACKEND` is the compiler: inductor generates the fused kernels (Triton on a GPU, C++ on a CPU).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 Keeps: this rank's 1/N_d chunk of each bucket's parameters, gradients and optimizer states —
 (p + g + k)·shard bytes between steps, the shard being Ψ/N_d plus bucket padding. A bucket is one
 module's own parameters (a Linear's weight and bias, a LayerNorm's, the GPT's wte and wpe), so a
-module costs one all-gather. Tensors of at most `persistence_threshold` elements stay whole on every
-rank instead (packed into C_B buckets after the others).
+module costs one all-gather. When the blocks are compiled (zerobench/engine/compile.py) a block's
+buckets are gathered together before it and released after it, so no hook runs inside a graph.
+Tensors of at most `persistence_threshold` elements stay whole on every rank instead (packed into
+C_B buckets after the others).
 
 Frees: a module's gathered bucket right after its forward (forward post-hook), and in backward as
 soon as its gradients are reduced, unless it is held for a use close ahead (`reuse_bytes`, gather.py;
