@@ -50,7 +50,10 @@ class ShardedAdam:
         self.master = list(self.master_flat.split(sizes)) if self.mixed else params
         self.exp_avg = list(self.exp_avg_flat.split(sizes))
         self.exp_avg_sq = list(self.exp_avg_sq_flat.split(sizes))
-        self.steps = [torch.tensor(0.0) for _ in params]  # on CPU, as torch.optim.Adam keeps them
+        self.fused = dev.type in ("cpu", "cuda")  # the devices torch's fused Adam kernel runs on
+        # step counts where torch.optim.Adam keeps them: on the parameters' device for the fused
+        # kernel (which reads them there), on CPU otherwise
+        self.steps = [torch.tensor(0.0, device=dev if self.fused else "cpu") for _ in params]
 
     def state_bytes(self) -> int:
         flats = [self.exp_avg_flat, self.exp_avg_sq_flat] + ([self.master_flat] if self.mixed else [])
@@ -71,7 +74,6 @@ class ShardedAdam:
         engine waits for its gradient), `after_piece(i)` once its parameters are final, so the
         engine can send them while the next piece is updated."""
         t = self.train
-        fused = self.master[0].device.type in ("cpu", "cuda")
         for i in range(len(self.params)) if order is None else order:
             before_piece(i)
             adam(
@@ -82,7 +84,7 @@ class ShardedAdam:
                 [],
                 [self.steps[i]],
                 foreach=False,
-                fused=fused,
+                fused=self.fused,
                 amsgrad=False,
                 beta1=t.betas[0],
                 beta2=t.betas[1],
