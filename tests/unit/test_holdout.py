@@ -62,7 +62,7 @@ def test_tflops_metric_is_the_flops_convention_over_the_predicted_step():
     pred = predict(ModelConfig(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200),
                    ParallelConfig(dp=384, mp=1, stage=3, checkpoint_activations=True),
                    PrecisionConfig("fp16", "cuda"), TrainConfig(micro_batch=4, grad_accum=1), "a100-80gb",
-                   attention="materialized")  # fmt: skip
+                   attention="materialized", implementation=external.IMPLEMENTATION["megatron-lm-2021"])  # fmt: skip
     s, h, L, V, B = 2048, 12288, 96, 51200, 4  # Narayanan et al. Eq. 3, per GPU, by hand
     flops = 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
     assert got.predicted == pytest.approx(flops / pred.step_time_s / 1e12, rel=1e-9)

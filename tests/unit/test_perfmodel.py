@@ -11,7 +11,7 @@ import pytest
 
 from zerobench.engine.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
-from zerobench.perfmodel import DEFAULT, estimate_text, get_profile, layout, model_record, network, predict
+from zerobench.perfmodel import DEFAULT, estimate_text, get_profile, layout, model_record, nccl_table, network, predict
 from zerobench.perfmodel.compute import flops_per_gpu
 from zerobench.perfmodel.feasibility import breakdown, max_micro_batch
 from zerobench.perfmodel.kernels import layer_gemms
@@ -88,13 +88,14 @@ def test_groups_use_the_links_they_cross():
     r0, e0 = network.dp_comm_times(1e9, 0, 25, 16, 2, V100, cal)
     r2, e2 = network.dp_comm_times(1e9, 2, 25, 16, 2, V100, cal)
     r3, e3 = network.dp_comm_times(1e9, 3, 25, 16, 2, V100, cal)
-    assert r0 + e0 == pytest.approx(r2 + e2)
-    assert r3 + e3 == pytest.approx(1.5 * (r2 + e2))
+    # the bytes agree; the latency differs by NCCL's pick (an all-reduce may run as a tree)
+    assert r0 + e0 == pytest.approx(r2 + e2, rel=1e-2)
+    assert r3 + e3 == pytest.approx(1.5 * (r2 + e2), rel=1e-2)
     # P_os: reduce-scatter as stage 2 (DeepSpeed May 2020); ZeRO-OS's all-reduce is 1.5x that
     r1, e1 = network.dp_comm_times(1e9, 1, 25, 16, 2, V100, cal)
     a1, g1 = network.dp_comm_times(1e9, 1, 25, 16, 2, V100, cal.replace(zero_os_stage1=True))
     assert (r1, e1) == (r2, e2)
-    assert a1 + g1 == pytest.approx(1.5 * (r2 + e2))
+    assert a1 + g1 == pytest.approx(1.5 * (r2 + e2), rel=1e-2)
 
 
 def test_reduction_transient_is_one_more_copy_of_the_gradients():
@@ -259,10 +260,12 @@ def test_stage3_regathers_every_micro_batch_one_collective_per_module():
     one, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT, micro_batches=1, modules=modules)
     four, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=modules)
     assert four == pytest.approx(4 * one)  # 3mΨ: nothing is kept between micro-batches
-    # on a ring (bytes over bandwidth plus latency per call) the split only adds the calls' latency
+    # priced by NCCL's model, the split adds latency, at most Simple's per extra call (each call takes
+    # NCCL's cheapest protocol, never slower than Simple) and at least LL's
     whole, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT)
-    latency = network.ring(25, 16, V100, DEFAULT).all_gather(0.0)
-    assert one - whole == pytest.approx(3 * 25 * latency)
+    simple = nccl_table.latency("all_gather", "ring", "Simple", 1, 25)
+    ll = nccl_table.latency("all_gather", "ring", "LL", 1, 25)
+    assert 3 * 25 * ll < one - whole <= 3 * 25 * simple
     two, _ = network.dp_comm_times(psi, 2, 25, 16, 2, V100, DEFAULT, micro_batches=4, modules=modules)
     assert two < one  # stage 2 reduces once per step, whatever the accumulation
 

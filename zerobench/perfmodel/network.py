@@ -29,44 +29,67 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zerobench.engine.config import ModelConfig
+from zerobench.perfmodel import nccl_table
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.schedule import dp_schedule, stage3_modules, stage3_units  # noqa: F401 (network's API)
 
 
 @dataclass(frozen=True)
 class Ring:
     """One communicator as the network sees it: `per_node` members in each of `nodes` nodes.
 
-    Inside a node the members ring over NVLink/NVSwitch (`intra_bw`); across nodes each member
-    drives its own share of the node's InfiniBand (`inter_bw`), so a collective runs as
-    intra-node reduce-scatter → inter-node ring on 1/per_node of the data → intra-node all-gather
-    (NCCL's hierarchical schedule). With one member per node it is a plain ring over InfiniBand.
+    Bytes: inside a node the members ring over NVLink/NVSwitch (`intra_bw`); across nodes each member
+    drives its own share of the node's InfiniBand (`inter_bw`), so a collective runs as intra-node
+    reduce-scatter → inter-node ring on 1/per_node of the data → intra-node all-gather (NCCL's
+    hierarchical schedule). With one member per node it is a plain ring over InfiniBand.
+    Latency: with `nccl` (a datasheet GPU profile), each call pays what NCCL's tuning model gives for
+    its size, ranks and nodes, on the algorithm and protocol NCCL would pick (nccl_table.py); else
+    (a measured host) α per ring step, `intra_latency` inside the node, `inter_latency` across.
     """
 
     per_node: int
     nodes: int
     intra_bw: float  # bytes/s per GPU inside the node
     inter_bw: float  # bytes/s per GPU across nodes (its share of the node's NICs)
-    intra_latency: float  # s per intra-node ring step
-    inter_latency: float  # s per inter-node ring step
+    intra_latency: float  # s per intra-node ring step (measured hosts)
+    inter_latency: float  # s per inter-node ring step (measured hosts)
+    nccl: bool = False  # price latency by NCCL's tuning model (nccl_table.py)
 
     @property
     def size(self) -> int:
         return self.per_node * self.nodes
 
-    def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
-        """Each member ends with 1/size of the reduced `nbytes`, sent as `calls` collectives (each
-        pays its ring steps' latency; all-gather: the reverse)."""
+    def bytes_s(self, nbytes: float) -> float:
+        """Seconds a reduce-scatter (or all-gather) of `nbytes` spends moving bytes, latency aside."""
         k, m = self.per_node, self.nodes
-        intra = (k - 1) / k * nbytes / self.intra_bw + calls * (k - 1) * self.intra_latency
-        inter = (m - 1) / m * nbytes / k / self.inter_bw + calls * (m - 1) * self.inter_latency if m > 1 else 0.0
-        return intra + inter
+        inter = (m - 1) / m * nbytes / k / self.inter_bw if m > 1 else 0.0
+        return (k - 1) / k * nbytes / self.intra_bw + inter
 
-    all_gather = reduce_scatter
+    def choice(self, op: str, nbytes: float) -> nccl_table.Choice:
+        """How NCCL runs one call of `op` on `nbytes` over this group (nccl_table.choose)."""
+        factor = 2.0 if op == "all_reduce" else 1.0
+        return nccl_table.choose(op, self.per_node, self.nodes, factor * self.bytes_s(nbytes))
+
+    def _time(self, op: str, nbytes: float, calls: int) -> float:
+        if self.size == 1:
+            return 0.0
+        if self.nccl:
+            return calls * self.choice(op, nbytes / calls).seconds
+        factor = 2.0 if op == "all_reduce" else 1.0
+        k, m = self.per_node, self.nodes
+        alpha = (k - 1) * self.intra_latency + ((m - 1) * self.inter_latency if m > 1 else 0.0)
+        return factor * (self.bytes_s(nbytes) + calls * alpha)
+
+    def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
+        """Each member ends with 1/size of the reduced `nbytes`, sent as `calls` equal collectives."""
+        return self._time("reduce_scatter", nbytes, calls)
+
+    def all_gather(self, nbytes: float, calls: int = 1) -> float:
+        return self._time("all_gather", nbytes, calls)
 
     def all_reduce(self, nbytes: float, calls: int = 1) -> float:
-        return 2 * self.reduce_scatter(nbytes, calls)
+        return self._time("all_reduce", nbytes, calls)
 
 
 @dataclass(frozen=True)
@@ -74,8 +97,8 @@ class Measured:
     """A group on a measured profile (`zerobench calibrate`, at this group size or the nearest
     measured): each call takes what the measured curve gives at its per-rank ring volume,
     interpolated log-log between the measured messages, the smallest one's time below them and
-    the fitted bandwidth beyond them. On this CPU the α–β line through the same points was 59 %
-    long at 512 KiB, an MP all-reduce's size (0.86 ms measured, 1.37 ms on the line), 44 % at 2 MiB."""
+    the fitted bandwidth beyond them (a straight α–β line through the same points overstates
+    mid-size messages; docs/perfmodel.md gives the measured gap)."""
 
     size: int
     bandwidth: dict  # op -> fitted bytes/s of per-rank ring volume
@@ -123,7 +146,7 @@ def ring(size: int, stride: int, hw: HardwareProfile, cal: Calibration) -> Ring 
         return Measured(size, {op: bw for op, n, _, bw in hw.collectives if n == nearest}, curves)
     per_node, nodes = placement(size, stride, hw.gpus_per_node)
     return Ring(per_node, nodes, hw.intra_bw * cal.nvlink_efficiency, hw.ib_share_per_gpu * cal.ib_efficiency,
-                hw.intra_latency, hw.inter_latency)  # fmt: skip
+                hw.intra_latency, hw.inter_latency, nccl=not hw.measured)  # fmt: skip
 
 
 # Once a step each MP rank all-reduces its slice's sum of squares for the gradient norm
@@ -173,17 +196,6 @@ def mp_comm_time(
     return t, host  # fmt: skip
 
 
-def stage3_modules(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
-    """Parameters of each module that owns some, on one MP rank: stage 3 gathers and reduces one
-    bucket per such module (zero/stage3.py; DeepSpeed's stage 3 fetches per submodule too). Per
-    layer two layernorms, qkv, proj, fc1 and fc2 (column-parallel biases split, row-parallel not),
-    then the root's token and position embeddings and the final layernorm: 6L + 2 messages from
-    a few KiB (a layernorm) to the embedding's V·h/mp."""
-    h, v = model.hidden, -(-model.vocab // mp)
-    layer = (2 * h, (3 * h * h + 3 * h) / mp, h * h / mp + h, 2 * h, (4 * h * h + 4 * h) / mp, 4 * h * h / mp + h)
-    return layer * model.layers + ((v + model.seq) * h, 2 * h)
-
-
 def sync_wait(rows: tuple, size: int, compute_s: float) -> float:
     """Seconds a rank waits at a synchronising collective that follows `compute_s` of compute, on a
     measured host (`rows`: (group size, compute s, wait s), nearest group size; none: 0): ranks
@@ -217,20 +229,18 @@ def sync_waits(hw: HardwareProfile, dp: int, mp: int, stage: int, mp_calls: int,
 
 def dp_comm_times(
     params_per_rank: float, stage: int, dp: int, mp: int, grad_bytes: int, hw: HardwareProfile, cal: Calibration,
-    micro_batches: int = 1, modules: tuple[float, ...] = (),
+    micro_batches: int = 1, modules: tuple[float, ...] = (), persistent: float = 0.0, reduce_bucket_elems: int = 0,
 ) -> tuple[float, float]:  # fmt: skip
-    """(overlappable gradient-reduction seconds, exposed seconds) of one step's DP traffic. Stage 3
-    gathers parameters and reduces gradients in every micro-batch (3mΨ, zero/stage3.py), one
-    collective per module each time, each of that module's own bytes (`modules`: parameters per
-    module, from `stage3_modules`; one message of all of them if empty)."""
+    """(overlappable gradient-reduction seconds, exposed seconds) of one step's DP traffic: each call of
+    `dp_schedule` priced on the DP group (`ring`). Stage 3 gathers parameters and reduces gradients in
+    every micro-batch (3mΨ, zero/stage3.py), one collective per unit each time (`modules`: elements
+    per unit, from `stage3_units`)."""
     group = ring(dp, mp, hw, cal)
-    msg = params_per_rank * grad_bytes  # Ψ' in the 16-bit (or fp32) storage dtype
-    if stage == 0:
-        return group.all_reduce(msg), 0.0
-    if stage == 1 and cal.zero_os_stage1:  # ZeRO-OS as first released: all-reduce, 1.5x volume
-        return group.all_reduce(msg), group.all_gather(msg)
-    if stage in (1, 2):
-        return group.reduce_scatter(msg), group.all_gather(msg)
-    m = micro_batches
-    sizes = [n * grad_bytes for n in modules] or [msg]  # stage 3: 3mΨ, module by module
-    return sum(group.reduce_scatter(m * s, m) + 2 * group.all_gather(m * s, m) for s in sizes), 0.0
+    schedule = dp_schedule(params_per_rank, stage, grad_bytes, cal, micro_batches, modules, persistent,
+                           reduce_bucket_elems)  # fmt: skip
+    price = {"all_reduce": group.all_reduce, "reduce_scatter": group.reduce_scatter, "all_gather": group.all_gather}
+    reduce_s = sum(price[c.op](c.nbytes * c.calls, c.calls) for c in schedule if not c.exposed)
+    exposed_s = sum(price[c.op](c.nbytes * c.calls, c.calls) for c in schedule if c.exposed)
+    if stage == 3:  # the model's stage 3 as it was: every call in the overlappable share (none overlaps)
+        return reduce_s + exposed_s, 0.0
+    return reduce_s, exposed_s

@@ -19,7 +19,9 @@ from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
-from zerobench.perfmodel.host_cost import stage3_host_s
+from zerobench.perfmodel.host_cost import HOST_OP_S, host_excess, stage3_host_s
+from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, list_form_host_s
+from zerobench.perfmodel.implementation import get as get_implementation
 from zerobench.perfmodel.kernels import check_attention
 
 
@@ -79,9 +81,11 @@ def predict(
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
     attention: str = "materialized",
+    implementation: str = DEFAULT_IMPLEMENTATION,
 ) -> Prediction:
     """`attention`: `materialized` (s² scores kept, a separate softmax pass: the paper's 2020 code,
-    used by the paper artifacts) or `fused` (flash-style: what today's codes and this engine run)."""
+    used by the paper artifacts) or `fused` (flash-style: what today's codes and this engine run).
+    `implementation`: how the ZeRO code issues its collectives (implementation.PROFILES)."""
     hw = get_profile(hardware, gpus_per_node)
     validate(model, parallel, hw)
     check_attention(attention)
@@ -102,8 +106,16 @@ def predict(
         b, model.seq, model.hidden, model.layers, mp, act_bytes, recompute,
         parallel.partition_activations, parallel.offload_activations, hw, cal,
     )  # fmt: skip
-    psi, modules = model.num_params / mp, network.stage3_modules(model, mp)
-    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, modules)
+    impl = get_implementation(implementation)
+    psi, (units, kept) = model.num_params / mp, network.stage3_units(model, mp, impl)
+    reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, units,
+                                                kept, impl.reduce_bucket_elems)  # fmt: skip
+    # list-form collectives: host ops per rank per call; with a synchronize per gather the host's
+    # work adds to the step, else it hides behind the device's as long as the device is the slower
+    schedule = network.dp_schedule(psi, parallel.stage, g_bytes, cal, ga, units, kept, impl.reduce_bucket_elems)
+    calls = {op: sum(c.calls for c in schedule if c.op == op) for op in ("all_gather", "reduce_scatter")}
+    op_s = hw.op_overhead_s if hw.measured else HOST_OP_S
+    list_host = list_form_host_s(calls["all_gather"], calls["reduce_scatter"], parallel.dp, impl, op_s)
     # on a measured host, ranks also wait for each other at their collectives (zero elsewhere)
     mp_calls = network.mp_calls_per_step(model.layers, recompute, ga)
     mp_wait, dp_wait = network.sync_waits(hw, parallel.dp, mp, parallel.stage, mp_calls, comp, ga)
@@ -125,7 +137,8 @@ def predict(
         dp_comm_s=max(0.0, reduce_s - (bwd_last if hidden else 0.0)) + exposed_s + dp_wait,
         optimizer_s=compute.optimizer_time(updated, hw, cal, share, clip=train.clip_norm > 0),
         overhead_s=(0.0 if hw.measured else cal.step_overhead_s)  # not measured: none assumed
-        + stage3_host_s(model, parallel, ga, comp, precision.bytes_pgk[0], hw, cal),  # host-bound gathers
+        + stage3_host_s(model, parallel, ga, comp, precision.bytes_pgk[0], hw, cal)  # host-bound gathers
+        + (list_host if impl.sync_per_gather else host_excess(list_host, comp)),
         efficiency=eff,
         flops_per_gpu=step_flops(model, b * ga, recompute) / mp,
         model_flops_per_gpu=step_flops(model, b * ga, False) / mp,
@@ -142,15 +155,17 @@ def model_record(
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
     attention: str = "materialized",
+    implementation: str = DEFAULT_IMPLEMENTATION,
 ) -> dict:
-    """One `source: modelled` record (trial.TrialRecord's columns, time breakdown in the extras)."""
+    """One `source: modelled` record (trial.TrialRecord's columns, time breakdown in the extras); its
+    `implementation` extra names the profile it was priced with (implementation.py)."""
     # the configuration's columns as every source writes them; a modelled step has no step count
     fields = {**trial_columns(model, parallel, precision, train), "device": "modelled", "hardware": str(hardware)}
     fields["steps"] = None
     # how far to trust it: the held-out error of its regime (a number, or "unvalidated")
     fields["error_band_pct"] = band(str(hardware), parallel.world_size, parallel.mp, parallel.stage).value
     try:
-        pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal, attention)
+        pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal, attention, implementation)
     except ConfigError as exc:
         return new_record("modelled", status="infeasible", error=str(exc), **fields)
     mem = pred.memory
@@ -160,7 +175,7 @@ def model_record(
         peak_reserved_bytes=mem.cached_bytes(cal),
     )  # fmt: skip
     extra = {"max_micro_batch": pred.max_micro_batch, "buffer_bytes": mem.buffer_bytes,
-             "usable_bytes": mem.usable_bytes, "attention": attention}  # fmt: skip
+             "usable_bytes": mem.usable_bytes, "attention": attention, "implementation": implementation}  # fmt: skip
     if not pred.fits:
         needs = mem.total_bytes if mem.builds else max(mem.total_bytes, mem.build_bytes)
         phase = "" if mem.builds else " to build the engine" if mem.trains else " to build and to train"
@@ -189,14 +204,16 @@ def estimate_text(
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
     attention: str = "fused",
+    implementation: str = DEFAULT_IMPLEMENTATION,
 ) -> str:
-    """The planning answer for a person: fits or not, memory by category, batch, speed."""
+    """The planning answer for a person: fits or not, memory by category, batch, speed, and how sure
+    the speed is (the regime's band) under which implementation profile."""
     hw = get_profile(hardware, gpus_per_node)
     head = (f"{model.name} ({model.num_params / 1e9:.2f}B params) on {parallel.world_size} x {hw.gpu} "
             f"(dp={parallel.dp}, mp={parallel.mp}, stage {parallel.stage}, "
             f"micro-batch {train.micro_batch}, {attention} attention)")  # fmt: skip
     try:
-        pred = predict(model, parallel, precision, train, hw, None, cal, attention)
+        pred = predict(model, parallel, precision, train, hw, None, cal, attention, implementation)
     except ConfigError as exc:
         return f"{head}\n  cannot exist: {exc}"
     m = pred.memory
@@ -226,6 +243,7 @@ def estimate_text(
         lines.append(f"  predicted {pred.tflops_per_gpu:.3g} TFLOPS/{unit} (MFU {pred.mfu:.0%}), step {t:.3g} s: "
                      + ", ".join(f"{k} {v / t:.0%}" for k, v in parts))  # fmt: skip
         lines.append(f"  {band(hw.name, parallel.world_size, parallel.mp, parallel.stage).text()}")
+    lines.append(f"  implementation profile: {implementation} ({get_implementation(implementation).source})")
     return "\n".join(lines)
 
 
