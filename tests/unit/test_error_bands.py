@@ -41,22 +41,48 @@ def test_bad_regimes_are_refused():
         eb.Regime("a100", "pipeline", "1-8")
 
 
-def test_band_is_the_mean_abs_error_of_the_regimes_held_out_runs(tmp_path):
+def test_interval_rank_is_the_conformal_quantile():
+    assert eb.COVERAGE == 0.8 and eb.MIN_RUNS == 4
+    assert [eb.interval_rank(n) for n in (1, 3, 4, 9, 14)] == [None, None, 4, 8, 12]
+    assert eb.prediction_interval([-5, 1, 3, 2]) == 5  # four runs: the largest
+    assert eb.prediction_interval([1, 2, 3]) is None
+
+
+def test_band_is_the_prediction_interval_of_the_regimes_held_out_runs(tmp_path):
     loso = pd.DataFrame(dict(source=["s1", "s1", "s2"], hardware="a100-80gb", gpus=[8, 8, 16], mp=1, stage=3,
                              error_pct=[10.0, -20.0, 4.0]))  # fmt: skip
-    hold = pd.DataFrame(dict(source=["h"] * 3, hardware="a100-80gb", gpus=[2, 1024, 2048], mp=1, stage=3,
-                             error_pct=[-3.0, 50.0, 100.0], expressible=["yes", "yes", "no: pipeline"]))  # fmt: skip
+    hold = pd.DataFrame(dict(source=["h"] * 4, hardware="a100-80gb", gpus=[2, 1, 1024, 2048], mp=1, stage=3,
+                             error_pct=[-3.0, 5.0, 50.0, 100.0],
+                             expressible=["yes", "yes", "yes", "no: pipeline"]))  # fmt: skip
     path = tmp_path / "bands.csv"
     table = writer.write(loso, hold, path).set_index("scale")
-    small = table.loc["1-8"]  # 10, -20 (leave-one-source-out) and -3 (holdout); the unexpressed run left out
-    assert small.runs == 3 and small.error_band_pct == pytest.approx((10 + 20 + 3) / 3, abs=0.01)
-    assert small.worst_pct == 20 and small.bias_pct == pytest.approx(-13 / 3, abs=0.01)
-    assert small.evidence == "h (frozen holdout, 1); s1 (leave-one-source-out, 2)"
-    assert eb.band("a100-80gb", 4, 1, 3, path).value == pytest.approx(11.0)
+    small = table.loc["1-8"]  # 10, -20 (leave-one-source-out), -3 and 5 (holdout); the unexpressed run left out
+    assert small.runs == 4 and small.error_band_pct == 20 and small.coverage == 0.8
+    assert small.mean_abs_pct == pytest.approx(9.5) and small.worst_pct == 20
+    assert small.bias_pct == pytest.approx(-2.0)
+    assert small.evidence == "h (frozen holdout, 2); s1 (leave-one-source-out, 2)"
+    assert eb.band("a100-80gb", 4, 1, 3, path).value == pytest.approx(20.0)
+    assert "80% prediction interval from 4" in eb.band("a100-80gb", 4, 1, 3, path).text()
     few = eb.band("a100-80gb", 16, 1, 3, path)  # one run: no number
-    assert few.value == eb.UNVALIDATED and few.runs == 1 and "fewer than 3" in few.text()
+    assert few.value == eb.UNVALIDATED and few.runs == 1 and "fewer than 4" in few.text()
     none = eb.band("h100-80gb", 4, 1, 3, path)
     assert none.value == eb.UNVALIDATED and none.text().startswith("unvalidated: no held-out")
+
+
+def test_leave_one_out_coverage():
+    runs = pd.DataFrame(dict(generation="a100", kind="fully-sharded", scale="1-8", error_pct=range(1, 11)))
+    # each run against the 8th smallest of the other nine: 1..8 inside (9), 9 and 10 outside (8)
+    assert writer.coverage(runs) == (8, 10)
+    assert writer.coverage(runs.head(4)) == (0, 0)  # three others: too few for a band
+
+
+def test_declared_coverage_holds_on_the_held_out_runs():
+    """On the recorded held-out runs, each judged by its regime's other runs, the share inside the band
+    is within 10 points of the declared 80 %."""
+    runs = writer.heldout_runs(pd.read_csv(writer.LOSO_OUT), pd.read_csv(HOLDOUT_OUT))
+    inside, judged = writer.coverage(runs)
+    assert judged >= 10
+    assert abs(inside / judged - eb.COVERAGE) <= 0.10, f"{inside} of {judged} inside"
 
 
 def test_committed_bands_follow_from_the_recorded_held_out_runs(tmp_path):
@@ -79,7 +105,7 @@ def test_modelled_record_and_estimate_carry_the_band():
     )
     assert model_record(GPT, sharded, prec, train, "h100-80gb", attention="fused")["error_band_pct"] == "unvalidated"
     text = estimate_text(GPT, sharded, prec, train, "a100-80gb")
-    assert "% on held-out runs like this one" in text
+    assert "% (80% prediction interval from" in text and "implementation profile: efficient" in text
     assert "unvalidated" in estimate_text(GPT, sharded, prec, train, "h200-141gb")
 
 

@@ -3,9 +3,12 @@
 Held-out runs only: each A100 source's validation rows judged with the per-GPU constants fitted on
 the other sources (`fit.loso_rows`, written to results/external_loso.csv), and the frozen holdout
 as scored once (results/external_holdout.csv, `python -m zerobench.fitting.external --holdout`).
-Each run falls in a regime (perfmodel/error_bands.py); a regime's band is the mean |error| of its
-runs, with their count, worst and mean signed error beside. `python -m zerobench.fitting.write_bands`
-takes minutes (one fit per A100 source).
+Each run falls in a regime (perfmodel/error_bands.py); a regime's band is the prediction interval
+of its runs' |errors| at the declared coverage (`error_bands.prediction_interval`; empty where too few
+runs), with their count, mean |error|, worst and mean signed error beside, and how many of its runs
+fall inside the band of the regime's other runs (`loo_inside` of `loo_judged`; `coverage`): the
+declared coverage checked.
+`python -m zerobench.fitting.write_bands` takes minutes (one fit per A100 source).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import pandas as pd
 from zerobench.engine.trial import git_revision
 from zerobench.fitting.external import HOLDOUT_OUT, expressible
 from zerobench.fitting.fit import loso_rows
-from zerobench.perfmodel.error_bands import BANDS, regime
+from zerobench.perfmodel.error_bands import BANDS, COVERAGE, prediction_interval, regime
 
 LOSO_OUT = HOLDOUT_OUT.with_name("external_loso.csv")
 HOW = {"loso": "leave-one-source-out", "holdout": "frozen holdout"}
+REGIME = ["generation", "kind", "scale"]
 
 
 def heldout_runs(loso: pd.DataFrame, holdout: pd.DataFrame) -> pd.DataFrame:
@@ -36,15 +40,37 @@ def heldout_runs(loso: pd.DataFrame, holdout: pd.DataFrame) -> pd.DataFrame:
 
 
 def bands(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per regime with held-out runs: error_band_pct (mean |error|), runs, worst, bias, evidence."""
+    """Per regime with held-out runs: error_band_pct (the COVERAGE prediction interval of |error|, empty
+    where too few runs), runs, mean |error|, worst, bias, evidence."""
     out = []
-    for (gen, kind, scale), sub in runs.groupby(["generation", "kind", "scale"], sort=True):
+    for (gen, kind, scale), sub in runs.groupby(REGIME, sort=True):
         err = sub.error_pct.astype(float)
+        inside, judged = regime_coverage(err.abs().tolist())
         evidence = "; ".join(f"{src} ({HOW[how]}, {len(s)})" for (src, how), s in sub.groupby(["source", "evidence"]))
-        out.append(dict(generation=gen, kind=kind, scale=scale, error_band_pct=round(err.abs().mean(), 2),
-                        runs=len(sub), worst_pct=round(err.abs().max(), 2), bias_pct=round(err.mean(), 2),
-                        evidence=evidence))  # fmt: skip
+        pct = prediction_interval(err.abs())
+        out.append(dict(generation=gen, kind=kind, scale=scale, error_band_pct=None if pct is None else round(pct, 2),
+                        coverage=COVERAGE, runs=len(sub), mean_abs_pct=round(err.abs().mean(), 2),
+                        worst_pct=round(err.abs().max(), 2), bias_pct=round(err.mean(), 2),
+                        loo_inside=inside, loo_judged=judged, evidence=evidence))  # fmt: skip
     return pd.DataFrame(out)
+
+
+def regime_coverage(errors: list[float]) -> tuple[int, int]:
+    """(runs inside, runs with a band) of one regime's held-out |errors|, each run judged by the band
+    of the regime's other runs (leave-one-out): what the declared COVERAGE promises a new run."""
+    inside = judged = 0
+    for i, e in enumerate(errors):
+        pct = prediction_interval(errors[:i] + errors[i + 1 :])
+        if pct is not None:
+            judged += 1
+            inside += abs(e) <= pct
+    return inside, judged
+
+
+def coverage(runs: pd.DataFrame) -> tuple[int, int]:
+    """`regime_coverage` summed over the regimes of `runs`."""
+    per = [regime_coverage(sub.error_pct.astype(float).abs().tolist()) for _, sub in runs.groupby(REGIME)]
+    return sum(i for i, _ in per), sum(j for _, j in per)
 
 
 def write(loso: pd.DataFrame, holdout: pd.DataFrame, path: Path = BANDS) -> pd.DataFrame:
@@ -62,3 +88,5 @@ if __name__ == "__main__":
     table = write(loso, pd.read_csv(HOLDOUT_OUT))
     with pd.option_context("display.width", 200, "display.max_colwidth", 90):
         print(table.drop(columns="made_by").to_string(index=False))
+    inside, judged = coverage(heldout_runs(loso, pd.read_csv(HOLDOUT_OUT)))
+    print(f"leave-one-out coverage: {inside} of {judged} held-out runs inside their band (declared {COVERAGE:.0%})")

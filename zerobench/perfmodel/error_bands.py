@@ -1,18 +1,21 @@
-"""How far to trust a modelled figure: the held-out error of its regime.
+"""How far to trust a modelled figure: a prediction interval from the held-out errors of its regime.
 
-A regime is (hardware generation × parallelism kind × scale bucket). Its band is the mean |error|
-of the published runs of that regime the model had not seen: each A100 source's validation rows
-judged with constants fitted on the other sources only (leave-one-source-out), and the frozen
-holdout (docs/perfmodel.md "Error bands"). The bands are read from zerobench/data/error_bands.csv,
-which `python -m zerobench.fitting.write_bands` writes; the model never imports the fitting code.
-A regime with fewer than MIN_RUNS held-out runs has no band: it is `unvalidated` (one run's error
-says little about the next run's). The band is of throughput (step
-time, TFLOPS), not of memory.
+A regime is (hardware generation × parallelism kind × scale bucket). Its band is a prediction
+interval at the declared COVERAGE (80 %) of |error|, from the published runs of that regime the model
+had not seen: each A100 source's validation rows judged with constants fitted on the other sources
+only (leave-one-source-out), and the frozen holdout (docs/perfmodel.md "Error bands"). With n such
+runs, the interval is the ⌈COVERAGE·(n + 1)⌉-th smallest |error| (the split-conformal quantile:
+a next run of the same regime falls inside with probability at least COVERAGE if runs are
+exchangeable; Vovk et al. 2005, Lei et al., JASA 2018). With fewer runs than that rank needs
+(MIN_RUNS = 4 at 80 %) there is no band: `unvalidated`. The bands are read from
+zerobench/data/error_bands.csv, which `python -m zerobench.fitting.write_bands` writes; the model
+never imports the fitting code. The band is of throughput (step time, TFLOPS), not of memory.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,24 @@ UNVALIDATED = "unvalidated"
 # upper GPU count of each scale bucket: one node, a few nodes, up to the paper's 400-512, beyond
 SCALES = ((8, "1-8"), (64, "9-64"), (512, "65-512"), (float("inf"), ">512"))
 KINDS = ("data-parallel", "tensor-parallel", "fully-sharded")
-MIN_RUNS = 3
+COVERAGE = 0.8  # declared share of runs like this one inside the band
+
+
+def interval_rank(n: int, coverage: float = COVERAGE) -> int | None:
+    """Which order statistic of n held-out |errors| bounds the next run's at `coverage` (1-based),
+    or None when n runs are too few for any."""
+    k = math.ceil(coverage * (n + 1))
+    return k if k <= n else None
+
+
+def prediction_interval(abs_errors, coverage: float = COVERAGE) -> float | None:
+    """The band of these held-out |errors| in %: their `interval_rank`-th smallest; None if too few."""
+    values = sorted(float(abs(e)) for e in abs_errors)
+    k = interval_rank(len(values), coverage)
+    return None if k is None else values[k - 1]
+
+
+MIN_RUNS = next(n for n in range(1, 100) if interval_rank(n) is not None)  # 4 at 80 %
 
 
 @dataclass(frozen=True)
@@ -58,7 +78,7 @@ def regime(hardware: str, gpus: int, mp: int, stage: int) -> Regime:
 @dataclass(frozen=True)
 class Band:
     regime: Regime
-    pct: float | None  # mean |error| % of the regime's held-out runs; None: unvalidated (< MIN_RUNS runs)
+    pct: float | None  # the COVERAGE prediction interval of |error| in %; None: unvalidated (< MIN_RUNS runs)
     runs: int = 0
     worst_pct: float | None = None
     evidence: str = ""  # which held-out runs: sources and how they were held out
@@ -74,8 +94,8 @@ class Band:
         if self.pct is None:
             return (f"unvalidated: {self.runs} held-out run(s) like this one, fewer than {MIN_RUNS} (worst "
                     f"{self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
-        return (f"±{self.pct:.0f} % on held-out runs like this one ({self.runs} runs, worst {self.worst_pct:.0f} %; "
-                f"{self.regime}; {self.evidence})")  # fmt: skip
+        return (f"±{self.pct:.0f} % ({COVERAGE:.0%} prediction interval from {self.runs} held-out runs like this "
+                f"one, worst {self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
 
 
 @functools.cache
@@ -84,7 +104,7 @@ def _table(path: Path = BANDS) -> dict[Regime, Band]:
     out = {}
     for r in df.itertuples():
         reg = Regime(r.generation, r.kind, r.scale)
-        pct = float(r.error_band_pct) if r.runs >= MIN_RUNS else None
+        pct = float(r.error_band_pct) if r.runs >= MIN_RUNS and pd.notna(r.error_band_pct) else None
         out[reg] = Band(reg, pct, int(r.runs), float(r.worst_pct), str(r.evidence))
     return out
 
