@@ -54,7 +54,13 @@ ROLES = {
     "formula": "theory against theory: the paper's formula at our scale beside the paper's own number",
     "reference": "a run compared with itself (the reference every other row is compared with)",
     "derived": "a ratio or multiple of other rows of the table (named in `derived_from`)",
+    "projection": "a modelled number with no reference to compare with: its band (`error_band_pct`) says how far "
+    "to trust it",
 }
+# The band of a memory projection (largest model, cached memory): no held-out run measured memory in
+# the paper's regimes, so none is validated (error_bands.py bands throughput only).
+MEMORY_BAND = "unvalidated"
+MEMORY_BAND_NOTE = "memory: no held-out published run measured memory in this regime"
 JUDGED = "judged"
 
 

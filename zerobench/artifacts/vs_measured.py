@@ -8,11 +8,14 @@ why each metric is taken on its allocator); beside them the model's breakdown (c
 collectives, optimizer) and the seconds the ledger measured in collectives per step. `expected`
 is the measurement, `ours` the prediction, `error_pct` 100·(ours − expected)/expected.
 
-One term of the profile is fitted, not measured: `mp_sync_table`, what an MP all-reduce costs inside
-the engine's own MP steps beyond the model's collective curve (calibrate/engine_runs.py), a
-correction to the model's error taken from runs like the judged ones (at other shapes). Each row
-gives the prediction without it too (`ours_without_fitted`, `error_without_fitted_pct`); a row
-whose prediction it changes has role `fitted` (artifacts/common.py) and no verdict reads it.
+Terms of the profile fitted, not measured (FITTED_TERMS): `mp_sync_table`, what an MP all-reduce
+costs inside the engine's own MP steps beyond the model's collective curve (calibrate/engine_runs.py),
+a correction to the model's error taken from runs like the judged ones (at other shapes); and
+`runtime_bytes` / `checkpoint_runtime_bytes`, a tiny model's RSS growth over its first steps less
+its own tensors (calibrate's memory runs), fitted the same way for memory. Each row gives the
+prediction without them too (`ours_without_fitted`, `error_without_fitted_pct`); a row whose
+prediction they change has role `fitted` and names them (`fitted_terms`; artifacts/common.py), and
+no verdict reads it: the report gives the verdict without them beside (report.without_fitted).
 
 Each run carries the host speed probe (runtime/probe.py), compared with the profile's: a step row
 gives each run's host speed, sets aside the runs taken in a slow spell, and gives the step also
@@ -45,7 +48,9 @@ from zerobench.perfmodel.predict import predict
 from zerobench.perfmodel.profile_file import profile_dir
 
 MiB = 2**20
-FITTED_TERMS = ("mp_sync_table",)  # the profile's fields fitted on engine runs (the module's docstring)
+# the profile's fields fitted on engine runs (the module's docstring)
+TIME_TERMS, MEMORY_TERMS = ("mp_sync_table",), ("runtime_bytes", "checkpoint_runtime_bytes")
+FITTED_TERMS = TIME_TERMS + MEMORY_TERMS
 
 
 def profile_path(device: str = "cpu") -> Path:
@@ -121,9 +126,11 @@ def _runs(records: list[dict]) -> list[list[dict]]:
 
 
 def without_fitted(hw: HardwareProfile) -> HardwareProfile:
-    """`hw` less its fitted terms (FITTED_TERMS): an MP all-reduce then waits what the matmul
-    benchmark's ranks wait (`sync_table`, measured), as the model reads it where no MP steps ran."""
-    return dataclasses.replace(hw, **{field: () for field in FITTED_TERMS})
+    """`hw` less its fitted terms (FITTED_TERMS), each at its datasheet default: an MP all-reduce then
+    waits what the matmul benchmark's ranks wait (`sync_table`, measured), as the model reads it where
+    no MP steps ran, and a rank's memory is its tensors alone."""
+    defaults = {f.name: f.default for f in dataclasses.fields(hw)}
+    return dataclasses.replace(hw, **{field: defaults[field] for field in FITTED_TERMS})
 
 
 def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) -> pd.DataFrame:
@@ -152,7 +159,7 @@ def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) ->
             ledger = [sum(e["seconds"] for e in (run.get("comm") or {}).values()) / run["steps"] for run in runs]
             rows.append(dict(
                 key=f"{key}: step (s)", series="step time (s)", ours=pred.step_time_s, expected=median(steps),
-                ours_without_fitted=bare.step_time_s, **_role(pred.step_time_s, bare.step_time_s),
+                ours_without_fitted=bare.step_time_s, **_role(pred.step_time_s, bare.step_time_s, TIME_TERMS),
                 compute_s=pred.compute_s, dp_comm_s=pred.dp_comm_s, mp_comm_s=pred.mp_comm_s + pred.host_copy_s,
                 optimizer_s=pred.optimizer_s, measured_comm_s=median(ledger),
                 measured_runs_s=" ".join(f"{v:.4g}" for v in every),
@@ -162,7 +169,7 @@ def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) ->
             rows.append(dict(
                 key=f"{key}: peak memory (MiB)", series="peak memory (MiB)", ours=pred.memory.total_bytes / MiB,
                 ours_without_fitted=bare.memory.total_bytes / MiB,
-                **_role(pred.memory.total_bytes, bare.memory.total_bytes),
+                **_role(pred.memory.total_bytes, bare.memory.total_bytes, MEMORY_TERMS),
                 expected=r["rss_growth_bytes"] / MiB, model_states_mib=pred.memory.model_state_bytes / MiB,
                 activations_mib=pred.memory.activation_bytes / MiB, buffers_mib=pred.memory.buffer_bytes / MiB,
                 **common,
@@ -176,8 +183,9 @@ def model_vs_measured(records: list[dict], hw: HardwareProfile | None = None) ->
     return df
 
 
-def _role(with_fitted: float, without: float) -> dict:
-    """`fitted` (and the terms) where the fitted terms change the prediction, else `judged`."""
+def _role(with_fitted: float, without: float, terms: tuple[str, ...]) -> dict:
+    """`fitted` (and the `terms` that can move this quantity) where the fitted terms change the
+    prediction, else `judged`."""
     if with_fitted == without:
         return dict(role="judged", fitted_terms="")
-    return dict(role="fitted", fitted_terms=" ".join(FITTED_TERMS))
+    return dict(role="fitted", fitted_terms=" ".join(terms))

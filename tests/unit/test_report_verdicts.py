@@ -1,0 +1,46 @@
+"""A verdict obeys its sheet: the limits the claim states beyond the mean are checked (report.py), and
+the verdict without the fitted terms is given beside."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from zerobench.artifacts import report
+
+SHEETS = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
+
+
+def _rows(step_errors, memory_errors, role="judged"):
+    rows = [dict(key=f"s{i}", series="step time (s)", error_pct=e, role="judged", status="ok")
+            for i, e in enumerate(step_errors)]  # fmt: skip
+    rows += [dict(key=f"m{i}", series="peak memory (MiB)", error_pct=e, role=role, status="ok",
+                  error_without_fitted_pct=3 * e) for i, e in enumerate(memory_errors)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("name", sorted(report.STATED_LIMITS))
+def test_stated_limits_are_the_sheets_own_words(name):
+    claim = " ".join(yaml.safe_load((SHEETS / f"{name}.yaml").read_text())["claim"].split())
+    for words in report.STATED_LIMITS[name]["says"]:
+        assert words in claim, (name, words)
+
+
+def test_mean_within_but_a_stated_limit_missed_is_not_reproduced():
+    limits = report.STATED_LIMITS["model_vs_measured"]
+    df = _rows([2, 3, 32], [1, 2, 12])  # mean 8.7 % <= 10; step worst 32 > 25, memory worst 12 > 10
+    missed = report.limits_missed(df, limits)
+    assert missed == ["step time (s) worst 32.0% > 25%", "peak memory (MiB) worst 12.0% > 10%"]
+    line = report.verdict(report.stats(df), 10, missed)
+    assert line.startswith("**Not reproduced**") and "stated limits missed" in line
+    ok = _rows([2, 3, 20], [1, 2, 9])
+    assert report.verdict(report.stats(ok), 10, report.limits_missed(ok, limits)).startswith("**Mostly reproduced**")
+
+
+def test_verdict_without_fitted_terms_reads_every_row():
+    df = _rows([2, 3, 4], [1, 2, 3], role="fitted")  # memory rows carry a fitted term: no verdict reads them
+    assert report.limits_missed(df, report.STATED_LIMITS["model_vs_measured"]) == []
+    sheet = dict(tolerance_pct=10)
+    line = report.without_fitted("model_vs_measured", sheet, df)
+    assert line.startswith("**Without fitted terms**") and "peak memory (MiB): 3 rows, mean 6.0%, worst 9.0%" in line
