@@ -44,3 +44,15 @@ def test_verdict_without_fitted_terms_reads_every_row():
     sheet = dict(tolerance_pct=10)
     line = report.without_fitted("model_vs_measured", sheet, df)
     assert line.startswith("**Without fitted terms**") and "peak memory (MiB): 3 rows, mean 6.0%, worst 9.0%" in line
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+@pytest.mark.parametrize("name", ["fig2", "fig3", "fig5", "fig6", "fig7", "fig8", "table2", "capacity", "today"])
+def test_every_projection_carries_its_band(name):
+    df = pd.read_csv(RESULTS / f"{name}.csv")
+    modelled = df[df.source.astype(str).str.startswith("modelled")]
+    assert "error_band_pct" in df and len(modelled)
+    if name == "today":  # no reference: a projection, never judged
+        assert set(df.role) == {"projection"}
