@@ -2,7 +2,7 @@
 
 Memory constants by grid scans (least worst error on their points), then the five throughput
 knobs jointly by a small Nelder–Mead on the mean |error| of theirs, inside physical bounds.
-`python -m zerobench.fitting.fit` prints the result (minutes); DEFAULT is its fixed
+`python -m zerobench.fitting.fit` prints the result; DEFAULT is its fixed
 point, which tests/unit/test_perfmodel_fit.py checks locally.
 """
 
@@ -102,7 +102,7 @@ def fit_hardware(hardware: str, start: Calibration = DEFAULT, iters: int = 120, 
 
 def loso_rows(hardware: str = "a100-80gb", cal: Calibration = DEFAULT) -> pd.DataFrame:
     """Per source of `hardware`: its constants fitted on the other sources' fit rows only, then
-    this source's validation rows judged, each with its error (minutes: one fit per source)."""
+    this source's validation rows judged, each with its error (one fit per source)."""
     df = load()  # fit and validation rows only: the holdout never enters a fit
     sources = sorted(df[df.hardware == hardware].source.unique())
     judged = []
@@ -123,7 +123,7 @@ def leave_one_source_out(hardware: str = "a100-80gb", cal: Calibration = DEFAULT
 
 def fit(start: Calibration = DEFAULT, iters: int = 200) -> Calibration:
     """Re-fit the fitted constants on FIT_SET: memory first (scans), then the throughput knobs
-    (Nelder–Mead on the mean |error| of their points, inside physical bounds). Minutes."""
+    (Nelder–Mead on the mean |error| of their points, inside physical bounds)."""
     cal = _scan(start, "reserve_bytes", [i * GiB / 20 for i in range(0, 61)], FITTED["reserve_bytes"])
     cal = _scan(cal, "fragmentation", [i / 200 for i in range(0, 61)], FITTED["fragmentation"])
     cal = _scan(cal, "cache_headroom", [i / 100 for i in range(0, 81)], FITTED["cache_headroom"])

@@ -8,7 +8,7 @@ of its runs' |errors| at the declared coverage (`error_bands.prediction_interval
 runs), with their count, mean |error|, worst and mean signed error beside, and how many of its runs
 fall inside the band of the regime's other runs (`loo_inside` of `loo_judged`; `coverage`): the
 declared coverage checked.
-`python -m zerobench.fitting.write_bands` takes minutes (one fit per A100 source).
+`python -m zerobench.fitting.write_bands` runs one fit per A100 source.
 """
 
 from __future__ import annotations

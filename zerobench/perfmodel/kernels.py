@@ -69,8 +69,7 @@ def gemm_rate(hw: HardwareProfile, m: int, n: int, k: int, backward: bool = Fals
     measured shape returns its own rate. A shape of more FLOPs than any measured one (calibrate
     skips those: their rate has saturated) is read as itself with its largest dimension halved
     until it is within them: a wide GEMM rated as the widest measured, not as its thin neighbours
-    (cpu-100m's tied logits, 512 x 32000 x 768, read 84 GFLOP/s from those where its step ran it
-    at 93 % of its layers' GEMMs, ~125 against ~135)."""
+    (cpu-100m's tied logits, 512 x 32000 x 768: the reading that showed it is in docs/perfmodel.md)."""
     top = max(row[0] * row[1] * row[2] for row in hw.gemm_table)
     dims = [m, n, k]
     while dims[0] * dims[1] * dims[2] > top:
