@@ -171,9 +171,9 @@ def test_calibrate_times_each_call_with_its_work(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_single_tensor_adam_that_a_gpu_runs_matches_torch_adam(monkeypatch, dtype):
-    """A GPU steps ShardedAdam through torch's single-tensor Adam (on CPU it asks for the fused
-    kernel): forced here, it matches torch.optim.Adam bit for bit, fp32 master included."""
+def test_single_tensor_adam_matches_torch_adam(monkeypatch, dtype):
+    """ShardedAdam through torch's single-tensor Adam (the engine asks for the fused kernel, on CPU
+    and CUDA alike): forced here, it matches torch.optim.Adam bit for bit, fp32 master included."""
     asked = []
 
     def single_tensor(*args, fused, **kwargs):

@@ -23,8 +23,8 @@ from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
 # The MP step benchmark's models: tiny's 2 layers and vocabulary at (hidden, seq, micro-batch),
 # whose activation all-reduces are 128-512 KiB (where the measured curve is flat) and whose compute
-# between two all-reduces spans what cpu-sized models run: ~1, ~5 and ~11 ms here. None is the
-# shape of a trial the model is judged on.
+# between two all-reduces spans what cpu-sized models run (docs/perfmodel.md, calibrated profiles).
+# None is the shape of a trial the model is judged on.
 MP_STEP_SHAPES = ((128, 128, 2), (512, 64, 4), (1024, 32, 4))
 MP_STEP_STEPS = 10  # timed steps per run
 MP_STEP_ROUNDS = 3  # runs of each shape (a smoke profile: 1)
@@ -36,7 +36,7 @@ def _run(args: list[str]) -> dict:
         out = os.path.join(tmp, "run.json")
         cmd = [sys.executable, "-m", "zerobench.cli", "run", "--out", out, *args]
         # both pools: Snakemake sets OMP_ and MKL_NUM_THREADS to a job's threads (calibrate's: 2), and
-        # MKL's GEMMs on two threads per rank took the MP steps' all-reduces from ~2 to 4-10 ms
+        # MKL's GEMMs on two threads per rank slow the MP steps' all-reduces (docs/engine-measurements.md)
         threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, **threads})
         return json.loads(Path(out).read_text())
