@@ -10,8 +10,8 @@ This module imports no torch, so the workflow's aggregate and report steps stay 
 
 Default precision, one rule (`default_precision`): the paper's mixed precision, fp16 (2 + 2 + 12
 bytes per parameter, paper §3.1), unless the trial computes real steps on a CPU, where 16-bit
-matmul is far slower than fp32 (docs/engine-measurements.md), so fp32 (4 + 4 + 8). So `trace`, `model` and `estimate` default to fp16,
-and `run` and `peers` on `--device cpu` to fp32.
+matmul is far slower than fp32 (docs/engine-measurements.md), so fp32 (4 + 4 + 8). So `trace`,
+`model` and `estimate` default to fp16, and `run` and `peers` on `--device cpu` to fp32.
 """
 
 from __future__ import annotations
