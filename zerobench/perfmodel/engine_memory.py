@@ -40,6 +40,7 @@ from __future__ import annotations
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import model_state_bytes
 from zerobench.perfmodel.profile import HardwareProfile
+from zerobench.stages import rule
 
 FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype (config.PrecisionConfig), the loss's and Adam's
 
@@ -90,7 +91,7 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     # the step's one fp32 piece: at most a bucket or the largest parameter (never more than the
     # model), 1/N_d of it where sharded; fp32 gradients are read in place (zero/optimizer.py `upcast`)
     piece = min(max(parallel.bucket_bytes / precision.bytes_pgk[1], model.largest_param_numel / mp), whole_numel)
-    piece /= parallel.dp if parallel.stage >= 1 else 1
+    piece /= rule(parallel.stage).divisor("optimizer_bytes", parallel.dp)  # the rank's Adam share
     piece *= precision.bytes_pgk[1] != FP32
     return {
         **states,

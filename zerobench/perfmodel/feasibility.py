@@ -46,6 +46,7 @@ from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
+from zerobench.stages import rule
 
 # Megatron's vocab-parallel cross-entropy casts the fp16 logits to fp32 (4 B), exponentiates and
 # normalises them in place and saves them; backward writes the gradient into that same buffer,
@@ -180,7 +181,9 @@ def breakdown(
         buffers = fsdp_gathered_bytes(model, mp, p_bytes)
     else:  # C_B: reduce + all-gather bucket (never larger than the gradients they hold, in the
         # gradients' bytes); fp32 copy of this rank's gradient shard for Adam
-        bucket = min(parallel.bucket_bytes, states["grad_bytes"] * (parallel.dp if parallel.stage >= 2 else 1))
+        bucket = min(
+            parallel.bucket_bytes, states["grad_bytes"] * rule(parallel.stage).divisor("grad_bytes", parallel.dp)
+        )
         buffers = 2.0 * bucket + cal.fp32_grad_shard * 4.0 * model.num_params / mp / parallel.dp
     # the reduction's flattened copy (none when the all-reduce runs in place on an fp32 buffer, and
     # none at dp = 1, where there is nothing to reduce)
