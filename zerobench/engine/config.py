@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from zerobench.memory import BYTES_PER_PARAM
+from zerobench.stages import STAGES
 
 GPT2_VOCAB = 50257  # GPT-2 BPE vocabulary, used by every paper model (paper.md §1.5)
 
@@ -225,7 +226,7 @@ class ParallelConfig:
 
     def __post_init__(self):
         _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes", "max_live_bytes")
-        _require(type(self.stage) is int and self.stage in (0, 1, 2, 3), "stage", "must be 0, 1, 2 or 3", self.stage)
+        _require(type(self.stage) is int and self.stage in STAGES, "stage", "must be 0, 1, 2 or 3", self.stage)
         for name in ("persistence_threshold", "reuse_bytes"):
             value = getattr(self, name)
             _require(type(value) is int and value >= 0, name, "must be an integer >= 0", value)
