@@ -122,6 +122,18 @@ _OPS = {
 }
 
 
+def finish_step(loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> float:
+    """The rest of a torch peer's step after its forward: backward, torch's global-norm clip where
+    asked (DDP's gradients are replicated, FSDP2's are DTensors: either way the global norm), the
+    optimizer step; the loss as a float."""
+    loss.backward()
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def _message_bytes(name: str, args, kwargs) -> int:
     """Bytes of the full message: the input of a reduction, the output of a gather."""
     first = args[0] if args else next(iter(kwargs.values()))

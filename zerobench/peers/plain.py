@@ -17,7 +17,7 @@ import contextlib
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-from zerobench.peers.harness import Unavailable, rank_batches, reference_model
+from zerobench.peers.harness import Unavailable, finish_step, rank_batches, reference_model
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16}  # precision -> autocast dtype (None: no autocast)
 
@@ -68,12 +68,7 @@ class Trainer:
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         with self.autocast():
             loss = self.model(x, y)
-        loss.backward()
-        if self.train.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.clip_norm)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_step(loss, self.model, self.opt, self.train.clip_norm)
 
 
 def build(impl: str, spec) -> Trainer:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zerobench.peers.harness import Unavailable, device_group, rank_batches, reference_model
+from zerobench.peers.harness import Unavailable, device_group, finish_step, rank_batches, reference_model
 
 
 def check(impl: str, spec) -> None:
@@ -83,13 +83,7 @@ class Trainer:
     def step(self, step: int) -> float:
         ((x, y),) = rank_batches(self.spec, self.rank, step)  # one micro-batch (see check)
         loss = self.model(x.to(self.device), y.to(self.device))
-        loss.backward()
-        if self.train.clip_norm > 0:
-            # DDP's gradients are replicated, FSDP2's are DTensors: either way this is the global norm.
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.clip_norm)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item()
+        return finish_step(loss, self.model, self.opt, self.train.clip_norm)
 
 
 def build(impl: str, spec) -> Trainer:
