@@ -226,19 +226,14 @@ class ParallelConfig:
 
     def __post_init__(self):
         _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes", "max_live_bytes")
-        _require(type(self.stage) is int and self.stage in STAGES, "stage", "must be 0, 1, 2 or 3", self.stage)
+        _require(type(self.stage) is int and self.stage in STAGES, "stage", f"must be one of {[*STAGES]}", self.stage)
         for name in ("persistence_threshold", "reuse_bytes"):
             value = getattr(self, name)
             _require(type(value) is int and value >= 0, name, "must be an integer >= 0", value)
         for name in ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers"):
             _require(isinstance(getattr(self, name), bool), name, "must be true or false", getattr(self, name))
-        if self.partition_activations or self.offload_activations:
-            _require(
-                self.checkpoint_activations,
-                "partition_activations",
-                "P_a partitions activation checkpoints, so it needs checkpoint_activations",
-                True,
-            )
+        needs = "P_a partitions activation checkpoints, so it needs checkpoint_activations"
+        _require(self.checkpoint_activations or not self.partition_activations, "partition_activations", needs, True)
         if self.offload_activations:
             _require(self.partition_activations, "offload_activations", "P_a+cpu needs partition_activations", True)
 
