@@ -23,6 +23,7 @@ from zerobench.engine.parallel.topology import Group, ParallelContext
 from zerobench.engine.zero.buffers import BufferPool
 from zerobench.engine.zero.optimizer import LossScaler, ShardedAdam, clip_coef, global_grad_norm, upcast
 from zerobench.engine.zero.partition import Bucket, FlatLayout, Slot, counted_ranges
+from zerobench.stages import rule
 
 
 def packed_layout(named: list[tuple[str, torch.Tensor]], nd: int, bucket_bytes: int, dtype) -> FlatLayout:
@@ -255,8 +256,8 @@ class ZeroEngine:
     @property
     def partitions_optimizer(self) -> bool:
         """P_os (paper §5.1): each DP rank holds and updates only its chunk of the optimizer
-        states (stages 1–3); at stage 0 every rank updates everything."""
-        return self.stage >= 1
+        states (stages 1–3, stages.py); at stage 0 every rank updates everything."""
+        return "optimizer_bytes" in rule(self.stage).partitions
 
     def _send(self, i: int) -> Handle:
         """Bring updated piece i to the ranks that need it: nothing where every rank updated it
