@@ -11,7 +11,17 @@ import pytest
 
 from zerobench.engine.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
-from zerobench.perfmodel import DEFAULT, estimate_text, get_profile, layout, model_record, nccl_table, network, predict
+from zerobench.perfmodel import (
+    DEFAULT,
+    estimate_text,
+    get_profile,
+    layout,
+    model_record,
+    nccl_table,
+    network,
+    predict,
+    schedule,
+)
 from zerobench.perfmodel.compute import flops_per_gpu
 from zerobench.perfmodel.feasibility import breakdown, max_micro_batch
 from zerobench.perfmodel.kernels import layer_gemms
@@ -254,7 +264,7 @@ def test_stage3_regathers_every_micro_batch_one_collective_per_module():
     assert ring.all_gather(1e9, calls=3) - ring.all_gather(1e9) == pytest.approx(2 * 3 * 5e-6)
     # a model of 4 layers owns 6 x 4 + 2 parameter modules (zero/stage3.py), all its parameters
     model = PRESETS["cpu-10m"]
-    modules = network.stage3_modules(model)
+    modules = schedule.stage3_modules(model)
     assert len(modules) == 26 == 6 * model.layers + 2 and sum(modules) == model.num_params
     psi = sum(modules)
     one, _ = network.dp_comm_times(psi, 3, 25, 16, 2, V100, DEFAULT, micro_batches=1, modules=modules)

@@ -4,7 +4,7 @@ issues it (perfmodel/schedule.py) and the implementation profiles (perfmodel/imp
 import pytest
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.perfmodel import implementation, nccl_table, network, schedule
+from zerobench.perfmodel import implementation, nccl_table, schedule
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.predict import estimate_text, model_record, predict
 
@@ -52,10 +52,10 @@ def test_schedule_reads_the_stage_table():
 
 def test_deepspeed_profile_gathers_parameter_by_parameter():
     ds = implementation.get("deepspeed-0.3")
-    units, kept = network.stage3_units(GPT175, 1, ds)
+    units, kept = schedule.stage3_units(GPT175, 1, ds)
     assert len(units) == 4 * 96 + 2  # four weights a layer, wte and wpe; layernorms and biases stay whole
-    assert sum(units) + kept == pytest.approx(sum(network.stage3_modules(GPT175)))
-    eff_units, eff_kept = network.stage3_units(GPT175, 1, implementation.get("efficient"))
+    assert sum(units) + kept == pytest.approx(sum(schedule.stage3_modules(GPT175)))
+    eff_units, eff_kept = schedule.stage3_units(GPT175, 1, implementation.get("efficient"))
     assert len(eff_units) == 6 * 96 + 2 and eff_kept == 0
     with pytest.raises(ValueError, match="implementation="):
         implementation.get("nope")

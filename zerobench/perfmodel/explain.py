@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.perfmodel import implementation, network
+from zerobench.perfmodel import implementation, network, schedule
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.host_cost import HOST_OP_S
@@ -28,12 +28,12 @@ def calls_table(model: ModelConfig, parallel: ParallelConfig, hardware: str, imp
     """Markdown: one row per group of equal DP calls of a step, with NCCL's pick and its seconds."""
     hw, impl, mp = get_profile(hardware), implementation.get(impl_name), parallel.mp
     cal = DEFAULT.for_hardware(hw.name)
-    units, kept = network.stage3_units(model, mp, impl)
-    schedule = network.dp_schedule(model.num_params / mp, parallel.stage, storage_bytes, cal, micro_batches, units,
+    units, kept = schedule.stage3_units(model, mp, impl)
+    plan = schedule.dp_schedule(model.num_params / mp, parallel.stage, storage_bytes, cal, micro_batches, units,
                                    kept, impl.reduce_bucket_elems)  # fmt: skip
     group = network.ring(parallel.dp, mp, hw, cal)
     counts = Counter()
-    for c in schedule:
+    for c in plan:
         counts[(c.op, round(c.nbytes))] += c.calls
     lines = [f"DP group: {group.size} ranks, {group.per_node} per node on {group.nodes} nodes ({impl.name})",
              "| op | message (MB) | calls | algorithm / protocol | latency (ms) | bandwidth (ms) | seconds |",
@@ -45,8 +45,8 @@ def calls_table(model: ModelConfig, parallel: ParallelConfig, hardware: str, imp
         ms = f"{pick.latency_s * 1e3:.3g} | {pick.bandwidth_s * 1e3:.3g}"
         lines.append(f"| {op} | {nbytes / 1e6:.3g} | {n} | {pick.algorithm} / {pick.protocol} | {ms} | "
                      f"{n * pick.seconds:.3g} |")  # fmt: skip
-    gathers = sum(c.calls for c in schedule if c.op == "all_gather")
-    reductions = sum(c.calls for c in schedule if c.op == "reduce_scatter")
+    gathers = sum(c.calls for c in plan if c.op == "all_gather")
+    reductions = sum(c.calls for c in plan if c.op == "reduce_scatter")
     host = implementation.list_form_host_s(gathers, reductions, parallel.dp, impl, HOST_OP_S)
     lines.append(f"\nCollectives {total:.3g} s; list-form host work {host:.3g} s ({impl.ops_per_rank} ops per rank "
                  f"per gather / reduce-scatter × {parallel.dp} ranks × {HOST_OP_S * 1e6:.3g} µs), "

@@ -1,7 +1,7 @@
 """The host's share of stage 3's step on a GPU: what gathering module by module costs beside the
 collectives (paper §5.3: parameters gathered before each use, in forward and again in backward).
 
-Stage 3 gathers one bucket per module (network.stage3_modules: 6 per layer plus the root's) in
+Stage 3 gathers one bucket per module (schedule.stage3_modules: 6 per layer plus the root's) in
 forward, again in the recomputed forward, and in backward, and reduces each module's gradient
 (zero/stage3.py, zero/gather.py). Each gather is host work (Python bookkeeping, parameter views,
 hooks, the launch of the copy or collective) that the GPU waits for once the host falls behind.
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from zerobench.engine.config import ModelConfig, ParallelConfig
 from zerobench.perfmodel.constants import Calibration
-from zerobench.perfmodel.network import stage3_modules
 from zerobench.perfmodel.profile import HardwareProfile
+from zerobench.perfmodel.schedule import stage3_modules
 
 HOST_OP_S = 12.67e-6  # s per op dispatched, measured on the H200 (calibrated-cuda.json op_overhead_s)
 OPS_PER_LAYER = 100  # ops of one layer's forward + backward (calibrate's count on the engine's block)

@@ -1,5 +1,5 @@
 """How a ZeRO code issues its collectives, as named settings: what the network model prices beside the
-bytes (network.dp_schedule) and what the host adds (`list_form_host_s`). A modelled record names the
+bytes (schedule.dp_schedule) and what the host adds (`list_form_host_s`). A modelled record names the
 profile it used (`implementation`); `efficient`, this engine, is the default.
 
 - `efficient`: this engine (zero/stage3.py, zero/gather.py, parallel/comms.py). Stage 3 gathers one
@@ -21,8 +21,8 @@ profile it used (`implementation`); `efficient`, this engine, is the default.
     buckets (default 5e8 elements, `reduce_scatter_coalesced`);
   - `fetch_sub_module` waits for each sub-module's gathers before it runs (`sync_per_gather`): the host
     cannot queue ahead, so host work and device time add rather than overlap.
-Neither profile hides gathers behind compute (`gather_overlap` False: the model's stage 3 as it was,
-a switch chosen on judged scores; docs/perfmodel.md "Fitted terms and switches").
+Neither profile hides gathers behind compute (the model's stage 3 as it was, a switch chosen on
+judged scores; docs/perfmodel.md "Fitted terms and switches").
 """
 
 from __future__ import annotations
@@ -38,18 +38,17 @@ class Implementation:
     reduce_bucket_elems: int  # gradient reduce-scatter bucket, elements (0: one call per gathered unit)
     ops_per_rank: tuple[int, int]  # host ops per rank of one (all-gather, reduce-scatter) call: list form
     sync_per_gather: bool  # the host waits for each gather: its work adds to the device's
-    gather_overlap: bool  # gathers hidden behind compute
     source: str
 
 
 PROFILES = {
     "efficient": Implementation(
         "efficient", per_parameter=False, persistence_threshold=0, reduce_bucket_elems=0, ops_per_rank=(0, 0),
-        sync_per_gather=False, gather_overlap=False, source="this engine: zero/stage3.py, zero/gather.py",
+        sync_per_gather=False, source="this engine: zero/stage3.py, zero/gather.py",
     ),
     "deepspeed-0.3": Implementation(
         "deepspeed-0.3", per_parameter=True, persistence_threshold=100_000, reduce_bucket_elems=500_000_000,
-        ops_per_rank=(2, 1), sync_per_gather=True, gather_overlap=False,
+        ops_per_rank=(2, 1), sync_per_gather=True,
         source="DeepSpeed v0.3.16-v0.4 partition_parameters.py, stage3.py; PyTorch 1.8 ProcessGroupNCCL",
     ),
 }  # fmt: skip

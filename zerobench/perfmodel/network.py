@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from zerobench.perfmodel import nccl_table
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
-from zerobench.perfmodel.schedule import dp_schedule, stage3_modules, stage3_units  # noqa: F401 (network's API)
+from zerobench.perfmodel.schedule import dp_schedule
+from zerobench.stages import RING_UNITS
 
 
 @dataclass(frozen=True)
@@ -68,18 +69,16 @@ class Ring:
 
     def choice(self, op: str, nbytes: float) -> nccl_table.Choice:
         """How NCCL runs one call of `op` on `nbytes` over this group (nccl_table.choose)."""
-        factor = 2.0 if op == "all_reduce" else 1.0
-        return nccl_table.choose(op, self.per_node, self.nodes, factor * self.bytes_s(nbytes))
+        return nccl_table.choose(op, self.per_node, self.nodes, RING_UNITS[op] * self.bytes_s(nbytes))
 
     def _time(self, op: str, nbytes: float, calls: int) -> float:
         if self.size == 1:
             return 0.0
         if self.nccl:
             return calls * self.choice(op, nbytes / calls).seconds
-        factor = 2.0 if op == "all_reduce" else 1.0
         k, m = self.per_node, self.nodes
         alpha = (k - 1) * self.intra_latency + ((m - 1) * self.inter_latency if m > 1 else 0.0)
-        return factor * (self.bytes_s(nbytes) + calls * alpha)
+        return RING_UNITS[op] * (self.bytes_s(nbytes) + calls * alpha)
 
     def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
         """Each member ends with 1/size of the reduced `nbytes`, sent as `calls` equal collectives."""
@@ -241,6 +240,4 @@ def dp_comm_times(
     price = {"all_reduce": group.all_reduce, "reduce_scatter": group.reduce_scatter, "all_gather": group.all_gather}
     reduce_s = sum(price[c.op](c.nbytes * c.calls, c.calls) for c in schedule if not c.exposed)
     exposed_s = sum(price[c.op](c.nbytes * c.calls, c.calls) for c in schedule if c.exposed)
-    if stage == 3:  # the model's stage 3 as it was: every call in the overlappable share (none overlaps)
-        return reduce_s + exposed_s, 0.0
     return reduce_s, exposed_s

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.engine.trial import new_record, trial_columns
 from zerobench.flops import step_flops
-from zerobench.perfmodel import compute, network
+from zerobench.perfmodel import compute, network, schedule
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
@@ -107,13 +107,13 @@ def predict(
         parallel.partition_activations, parallel.offload_activations, hw, cal,
     )  # fmt: skip
     impl = get_implementation(implementation)
-    psi, (units, kept) = model.num_params / mp, network.stage3_units(model, mp, impl)
+    psi, (units, kept) = model.num_params / mp, schedule.stage3_units(model, mp, impl)
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, units,
                                                 kept, impl.reduce_bucket_elems)  # fmt: skip
     # list-form collectives: host ops per rank per call; with a synchronize per gather the host's
     # work adds to the step, else it hides behind the device's as long as the device is the slower
-    schedule = network.dp_schedule(psi, parallel.stage, g_bytes, cal, ga, units, kept, impl.reduce_bucket_elems)
-    calls = {op: sum(c.calls for c in schedule if c.op == op) for op in ("all_gather", "reduce_scatter")}
+    plan = schedule.dp_schedule(psi, parallel.stage, g_bytes, cal, ga, units, kept, impl.reduce_bucket_elems)
+    calls = {op: sum(c.calls for c in plan if c.op == op) for op in ("all_gather", "reduce_scatter")}
     op_s = hw.op_overhead_s if hw.measured else HOST_OP_S
     list_host = list_form_host_s(calls["all_gather"], calls["reduce_scatter"], parallel.dp, impl, op_s)
     # on a measured host, ranks also wait for each other at their collectives (zero elsewhere)

@@ -16,17 +16,6 @@ from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.implementation import Implementation
 
 
-def stage3_modules(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
-    """Parameters of each module that owns some, on one MP rank: stage 3 gathers and reduces one
-    bucket per such module (zero/stage3.py; DeepSpeed's stage 3 fetches per submodule too). Per
-    layer two layernorms, qkv, proj, fc1 and fc2 (column-parallel biases split, row-parallel not),
-    then the root's token and position embeddings and the final layernorm: 6L + 2 messages from
-    a few KiB (a layernorm) to the embedding's V·h/mp."""
-    h, v = model.hidden, -(-model.vocab // mp)
-    layer = (2 * h, (3 * h * h + 3 * h) / mp, h * h / mp + h, 2 * h, (4 * h * h + 4 * h) / mp, 4 * h * h / mp + h)
-    return layer * model.layers + ((v + model.seq) * h, 2 * h)
-
-
 @dataclass(frozen=True)
 class Call:
     """`calls` collectives of `op` of `nbytes` each over the DP group; `exposed`: not overlappable
@@ -45,6 +34,15 @@ def stage3_parameters(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
     h, v = model.hidden, -(-model.vocab // mp)
     layer = (h, h, 3 * h * h / mp, 3 * h / mp, h * h / mp, h, h, h, 4 * h * h / mp, 4 * h / mp, 4 * h * h / mp, h)
     return layer * model.layers + (v * h, model.seq * h, h, h)
+
+
+def stage3_modules(model: ModelConfig, mp: int = 1) -> tuple[float, ...]:
+    """Parameters of each module that owns some, on one MP rank: stage 3 gathers and reduces one
+    bucket per such module (zero/stage3.py; DeepSpeed's stage 3 fetches per submodule too). Each
+    module owns a weight and a bias (`stage3_parameters`, in pairs; the root's embeddings count as
+    one): 6L + 2 messages from a few KiB (a layernorm) to the embedding's V·h/mp."""
+    p = stage3_parameters(model, mp)
+    return tuple(w + b for w, b in zip(p[::2], p[1::2]))
 
 
 def stage3_units(model: ModelConfig, mp: int, impl: Implementation) -> tuple[tuple[float, ...], float]:
@@ -79,7 +77,8 @@ def dp_schedule(
             out.append(Call(op, sum(sizes) * grad_bytes / buckets, m * buckets, False))
         else:
             out += [Call(op, n * grad_bytes, m, False) for n in sizes]
-    if persistent:
+    if persistent:  # stage 3's every call in the overlappable share, the gather after the step too:
+        # the model's stage 3 as it was (no call of it is hidden; docs/perfmodel.md)
         out += [Call("reduce_scatter", persistent * grad_bytes, m, False),
-                Call("all_gather", persistent * grad_bytes, 1, True)]  # fmt: skip
+                Call("all_gather", persistent * grad_bytes, 1, False)]  # fmt: skip
     return out
