@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from zerobench.artifacts import vs_measured as vs
-from zerobench.artifacts.common import MEMORY_BAND, MEMORY_BAND_NOTE, error_pct, state_bytes
+from zerobench.artifacts.common import error_pct, memory_band, state_bytes
 from zerobench.engine.fields import MiB
 from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
@@ -97,5 +97,5 @@ def capacity(records: list[dict], hw: HardwareProfile | None = None, calibrated:
     fitted = df.ours_without_fitted.notna() & (df.ours_without_fitted != df.ours)
     df["role"] = fitted.map({True: "fitted", False: "judged"})
     df["fitted_terms"] = fitted.map({True: " ".join(vs.MEMORY_TERMS), False: ""})
-    df["error_band_pct"], df["band_note"] = MEMORY_BAND, MEMORY_BAND_NOTE  # a memory projection's band
+    df = df.assign(**memory_band())  # a memory projection's band
     return df

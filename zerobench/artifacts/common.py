@@ -61,6 +61,13 @@ ROLES = {
 # the paper's regimes, so none is validated (error_bands.py bands throughput only).
 MEMORY_BAND = "unvalidated"
 MEMORY_BAND_NOTE = "memory: no held-out published run measured memory in this regime"
+
+
+def memory_band() -> dict:
+    """The band columns of a memory projection."""
+    return dict(error_band_pct=MEMORY_BAND, band_note=MEMORY_BAND_NOTE)
+
+
 JUDGED = "judged"
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from zerobench.artifacts.common import MEMORY_BAND, MEMORY_BAND_NOTE, paper, row
+from zerobench.artifacts.common import memory_band, paper, row
 from zerobench.engine.config import NOMINAL_BILLIONS
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import GiB, get_profile
@@ -107,11 +107,6 @@ def fig3(pairs: Pairs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _memory_band() -> dict:
-    """The band columns of a memory projection (common.MEMORY_BAND)."""
-    return dict(error_band_pct=MEMORY_BAND, band_note=MEMORY_BAND_NOTE)
-
-
 def _largest(r: dict) -> tuple[float, int]:
     """A depth search's answer: billions of parameters and layers (0, 0 where none fits)."""
     return (r["num_params"] / 1e9, r["layers"]) if r["status"] == "ok" else (0.0, 0)
@@ -126,7 +121,7 @@ def fig5(pairs: Pairs) -> pd.DataFrame:
         p = paper("fig5", "max_trainable_model_size", stage_or_config=config, kind="stated") or paper(
             "fig5", "max_trainable_model_size", stage_or_config=config
         )
-        rows.append(row("fig5", config, size, p, max_layers_8192=layers, **_memory_band()))
+        rows.append(row("fig5", config, size, p, max_layers_8192=layers, **memory_band()))
     return pd.DataFrame(rows)
 
 
@@ -140,7 +135,7 @@ def fig6(pairs: Pairs) -> pd.DataFrame:
         rows.append(row("fig6", f"{size:g}B {config}", r["peak_reserved_bytes"] / GiB, p,
                         allocated_gib=r["peak_allocated_bytes"] / GiB, model_states_gib=states / GiB,
                         activations_gib=r["activation_bytes"] / GiB, fits=r["status"] == "ok",
-                        **_memory_band()))  # fmt: skip
+                        **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -175,7 +170,7 @@ def fig8(pairs: Pairs) -> pd.DataFrame:
         label, metric = ("ZeRO-DP", "max_model_without_MP") if r["stage"] else ("DDP", "max_model_without_ZeRO")
         size, layers = _largest(r)
         rows.append(row("fig8", f"max model {label}", size, paper("fig8", metric), series="max model (B)",
-                        max_layers=layers, hidden=r["hidden"]))  # fmt: skip
+                        max_layers=layers, hidden=r["hidden"], **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -196,7 +191,7 @@ def table2(pairs: Pairs) -> pd.DataFrame:
             measured = paper("table2", "max_model_size_measured", mp=mp, stage_or_config=label_measured)
         key = f"MP {mp} {label} measured" if stage <= 1 else f"MP {mp} {label} modelled"
         rows.append(row("table2", key, size, measured, mp=mp, stage=stage, max_layers=layers, hidden=r["hidden"],
-                        **_memory_band()))  # fmt: skip
+                        **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 

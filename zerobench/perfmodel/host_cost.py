@@ -18,8 +18,8 @@ Units: seconds, bytes. The constants, measured or fitted on one H200 (results/gp
   counted them (calibrated-cuda.json: op_overhead_s, ops_per_layer, ops_fixed); a measured GPU
   profile's own values are read instead;
 - GATHER_HOST_S: host seconds per module gathered, fitted on one record, gpt-1.5b stage 3
-  micro-batch 1 (its step minus stage 0's, less the copy: 61.1 ms over 3 × 290 gathers), and
-  judged on the other five stage 3 records (docs/gpu.md).
+  micro-batch 1 (its step minus stage 0's, less the copy, over its gathers; docs/gpu.md has the
+  numbers), and judged on the other five stage 3 records.
 """
 
 from __future__ import annotations
