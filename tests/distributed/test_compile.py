@@ -2,7 +2,7 @@
 unless asked for, and a compiled model trains as the eager one does.
 
 The parity tests compile with inductor on the CPU, generating C++ kernels: the tiny model (two
-blocks of width 64) keeps that to seconds once the compiler is warm, ~15 s cold."""
+blocks of width 64) keeps that short, longest with the compiler's cache cold."""
 
 import dataclasses
 

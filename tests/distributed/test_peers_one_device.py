@@ -1,7 +1,7 @@
 """The peers on one device (`zerobench peers` at world size 1, `--device cuda` on a GPU): the plain
 PyTorch loop (eager and compiled), FSDP2 and ours, run here on CPU at a tiny size through the same
 command; the plain loop's losses against ours; the compiled loop's wiring (with torch.compile's
-"eager" backend: inductor on this CPU takes ~30 s for the tiny model); the single-device table and
+"eager" backend: inductor on a CPU is too slow to compile for a unit test); the single-device table and
 figure; and the GPU check script's Python commands parsing as the script gives them."""
 
 import re

@@ -13,7 +13,7 @@ import pytest
 from tests.engine_cases import engine_run, spec_for
 
 # A bf16 weight is rounded to 8 significant bits, 2^-9 ≈ 2e-3 relative at most; the loss averages
-# over every token and weight, so its error is far smaller (4.6e-5 observed here over 10 steps).
+# over every token and weight, so its error is far smaller.
 CPU_REL = 1e-3
 
 

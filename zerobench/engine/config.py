@@ -137,7 +137,7 @@ _PAPER_MODELS: dict[str, tuple[ModelConfig, float]] = {
     "tnlg-17b": (_paper("tnlg-17b", 78, 4256, 28), 17.0),
 }
 
-# Models that train in seconds to minutes on a 2-core CPU.
+# Models small enough to train for real on a CPU.
 _CPU_MODELS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256, name="tiny"),
     # uneven on purpose: odd hidden and prime vocab, so buckets split unevenly at dp = 2 and 4

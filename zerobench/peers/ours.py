@@ -54,11 +54,10 @@ class Trainer:
         self.ctx = topology.single_process() if one else topology.build(spec.parallel.dp, spec.parallel.mp)
         self.comms = Comms(CallLedger())
         self.engine = build_engine(self.spec, self.ctx, self.comms, torch.device(spec.precision.device))
-        compiles = getattr(spec.train, "compiles", None)  # the trial's `compile` field, where the engine has it
         self.note = (
             f"bucket_bytes={spec.parallel.bucket_bytes}"
             + (f", reuse_bytes={spec.parallel.reuse_bytes}" if self.spec.parallel.stage == 3 else "")
-            + (", torch.compile per block" if compiles is not None and compiles(self.engine.device.type) else "")
+            + (", torch.compile per block" if spec.train.compiles(self.engine.device.type) else "")
         )
 
     def step(self, step: int) -> float:

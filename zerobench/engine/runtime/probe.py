@@ -1,5 +1,5 @@
-"""The host speed probe: a fixed fp32 GEMM and a fixed memory copy, each timed a few times (about
-0.2 s a reading on one CPU core), read beside every timed measured trial (runtime/train.py: rank 0,
+"""The host speed probe: a fixed fp32 GEMM and a fixed memory copy, each timed a few times (a
+fraction of a second a reading), read beside every timed measured trial (runtime/train.py: rank 0,
 before its build and after its timed steps) and by `zerobench calibrate` (at its start and its end, kept in the
 profile). A shared host has slow spells of a minute or more; a trial's readings over its
 calibration's say how fast the host ran for the trial, against when the rates the model predicts

@@ -207,8 +207,8 @@ class ZeroEngine:
         16-bit gradients stay where they are, as §5 counts them: the overflow check and the norm
         read them piece by piece, and each piece's fp32 gradient (unscaled, clipped) is made just
         before its update and dropped after it, so the step holds one piece in fp32 at a time, not
-        a 4 B/param copy of the whole gradient. fp32 views are unscaled and clipped in place (the
-        next backward overwrites them)."""
+        a 4 B/param copy of the whole gradient. Unscaled fp32 views are clipped in place (the next
+        backward overwrites them)."""
         if self._in_flight:
             self._overlapped_step()
             return True

@@ -113,7 +113,7 @@ class Stage3(ZeroEngine):
         self.packed = {"view": 0, "cast": 0}
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self.whole_shard = dp.size == 1  # the shard is every bucket, whole: nothing to gather
-        casts = any(getattr(m, "compute_dtype", self.dtype) != self.dtype for m in model.modules())
+        casts = precision.compute_dtype != precision.storage_dtype  # weights cast as they are used
         if not self.whole_shard or casts:
             model.register_forward_pre_hook(self._begin_forward)
             model.register_forward_hook(self._end_forward, always_call=True)
