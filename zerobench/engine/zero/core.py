@@ -172,7 +172,7 @@ class ZeroEngine:
         over the gradients. With `reduce`, each bucket's reduction starts once it is complete; the
         last micro-batch's may still be in flight when it returns (`_overlap_step`)."""
         self._drain(0)
-        self._reduce_now = reduce
+        self._reduce_now = reduce and self.ctx.dp.size > 1  # on one DP rank every reduction is the identity
         self._pending = [len(b.slots) for b in self.layout.buckets]
         (loss * (self.scaler.scale / (self.train.grad_accum * self.ctx.dp.size))).backward()
         if not (last_micro_batch and self._overlap_step):

@@ -29,8 +29,8 @@ class PartitionedGradients:
     reduce-scattering each bucket's staged gradients on every micro-batch (stages 2 and 3). The
     first micro-batch of a step (`fresh`) reduce-scatters straight into the chunk, overwriting last
     step's values; later ones into a buffer that is then added to it. On one DP rank the chunk is
-    the whole bucket and the reduce-scatter would be a copy: each gradient goes straight into its
-    place (`direct`), with no staging buffer."""
+    the whole bucket and nothing is reduced (core's `_backward`): each gradient goes straight into
+    its place (`direct`), with no staging buffer."""
 
     def __init__(self, layout: FlatLayout, dp: Group, comms: Comms, pool: BufferPool):
         self.layout, self.dp, self.comms, self.pool = layout, dp, comms, pool
@@ -58,8 +58,6 @@ class PartitionedGradients:
     def reduce(self, bucket: Bucket) -> tuple[Handle, object]:
         """Start the bucket's reduce-scatter; returns its handle and what to run once it is done
         (add the sum in, unless it went straight there; hand the buffers back to the pool)."""
-        if self.direct:
-            return Handle(None, None), lambda: None
         dst, fresh, staging = self.pieces[bucket.index], self.fresh, self.staging.pop(bucket.index)
         out = dst if fresh else self.pool.take(bucket.chunk)
         handle = self.comms.reduce_scatter(out, staging, self.dp, async_op=True)
