@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from zerobench.engine.config import COMPILE, ZERO_CONFIGS, ParallelConfig, TrainConfig
 from zerobench.memory import BYTES_PER_PARAM
+from zerobench.stages import STAGES
 
 MiB = 2**20  # bytes; the flags take buffer sizes and budgets in MiB
 SOURCES = ("measured", "traced", "modelled")  # where a record's numbers come from (zerobench/engine/trial.py)
@@ -90,7 +91,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           column=("dp", "parallel.dp")),
     Field("mp", int, "tensor model-parallel degree N_m", "parallel", _P.mp, "mp", schema=_POSITIVE,
           column=("mp", "parallel.mp"), sets="parallel.mp"),
-    Field("stage", int, "ZeRO-DP stage 0-3 (0 = plain DP)", "parallel", tag="z", schema={"minimum": 0, "maximum": 3},
+    Field("stage", int, "ZeRO-DP stage 0-3 (0 = plain DP)", "parallel", tag="z", schema={"enum": list(STAGES)},
           column=("stage", "parallel.stage")),
     Field("precision", str, "fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param); default fp16, or fp32 for steps "
           "computed on a cpu", "train", tag="", schema={"enum": list(BYTES_PER_PARAM)},

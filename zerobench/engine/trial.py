@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from zerobench import flops
 from zerobench.engine.config import (
     ZERO_CONFIGS,
     ConfigError,
@@ -196,6 +197,11 @@ class TrialSpec:
     @property
     def global_batch(self) -> int:
         return global_batch(self.parallel, self.train)
+
+    def tflops_per_gpu(self, step_time_s: float) -> float:
+        """Achieved TFLOPS per GPU at `step_time_s` a step (zerobench/flops.py's convention)."""
+        done = flops.step_flops(self.model, self.global_batch, self.parallel.checkpoint_activations)
+        return done / step_time_s / self.parallel.world_size / 1e12
 
     def record(self, source: str, **fields) -> dict:
         """This trial's record from `source` with the given measurements (as written)."""

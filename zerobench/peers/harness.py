@@ -27,7 +27,6 @@ import threading
 import torch
 import torch.distributed as dist
 
-from zerobench import flops
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.spawn import spawned
 from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
@@ -263,8 +262,7 @@ def summarise(raw: dict, spec) -> dict:
     steps = len(times)
     comm = {op: {"calls": v["calls"] / steps, "bytes": v["bytes"] / steps} for op, v in sorted(raw["comm"].items())}
     step_time = statistics.median(times)
-    model_flops = flops.step_flops(spec.model, spec.global_batch, spec.parallel.checkpoint_activations)
-    tflops = model_flops / step_time / spec.parallel.world_size / 1e12
+    tflops = spec.tflops_per_gpu(step_time)
     allocated = raw.get("peak_allocated") or [None]
     return {
         "step_time_s": step_time,

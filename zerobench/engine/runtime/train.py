@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from zerobench import flops, memory
+from zerobench import memory
 from zerobench.engine.compile import apply_compile
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
@@ -160,8 +160,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     steps = spec.train.steps
     comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
             for k, v in comms.ledger.as_dict().items()}  # fmt: skip
-    achieved = flops.step_flops(spec.model, spec.global_batch, spec.parallel.checkpoint_activations) / step_time
-    tflops = achieved / spec.parallel.world_size / 1e12
+    tflops = spec.tflops_per_gpu(step_time)
     profile = hardware_profile(device)
     cuda = device.type == "cuda"
     store = checkpoint_store(engine.model)  # activation checkpoints (ZeRO-R P_a, P_a+cpu)
