@@ -46,16 +46,14 @@ def capacity(records: list[dict], hw: HardwareProfile | None = None, calibrated:
     `calibrated`: (peak bytes of a record, largest parameters under its budget), by default the
     performance model on `hw`, this machine's calibrated profile; neither: measured only. Each
     prediction is also given without the profile's fitted terms (vs_measured.FITTED_TERMS: the
-    runtime's bytes), `ours_without_fitted`; a row they change has role `fitted` (a `calibrated` of
-    four callables gives both: with, then without)."""
+    runtime's bytes), `ours_without_fitted`, where the model is `hw`'s; a row they change has role
+    `fitted`."""
 
     def on(profile):
         return (lambda r: vs.predicted_peak_bytes(r, profile), lambda r: vs.largest_under_budget(r, profile))
 
-    model = calibrated[:2] if calibrated else hw and on(hw)
-    bare = (
-        calibrated[2:] if calibrated and len(calibrated) == 4 else hw and not calibrated and on(vs.without_fitted(hw))
-    )
+    model = calibrated or hw and on(hw)
+    bare = hw and not calibrated and on(vs.without_fitted(hw))
     rows = []
     for r in records:
         measured = r.get("rss_growth_bytes")

@@ -68,11 +68,9 @@ def _bands_table() -> str:
              "| regime | runs | band % | mean abs % | worst % |", "|---|---|---|---|---|"]  # fmt: skip
     for r in bands.itertuples():
         value = "unvalidated" if pd.isna(r.error_band_pct) else f"±{r.error_band_pct:.1f}"
-        mean = getattr(r, "mean_abs_pct", float("nan"))
-        lines.append(f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {mean:.1f} | {r.worst_pct:.1f} |")
-    if "loo_inside" in bands:
-        inside, judged = int(bands.loo_inside.sum()), int(bands.loo_judged.sum())
-        share = inside / max(judged, 1)
-        lines.append(f"\nCoverage, each run judged by the band of its regime's other runs (leave-one-out): "
-                     f"{inside} of {judged} inside ({share:.0%}; declared {COVERAGE:.0%}).")  # fmt: skip
+        lines.append(f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {r.mean_abs_pct:.1f} | "
+                     f"{r.worst_pct:.1f} |")  # fmt: skip
+    inside, judged = int(bands.loo_inside.sum()), int(bands.loo_judged.sum())
+    lines.append(f"\nCoverage, each run judged by the band of its regime's other runs (leave-one-out): "
+                 f"{inside} of {judged} inside ({inside / max(judged, 1):.0%}; declared {COVERAGE:.0%}).")  # fmt: skip
     return "\n".join(lines)
