@@ -126,6 +126,25 @@ def cmd_trace(args) -> int:
     return 0 if record["status"] != "error" else 1
 
 
+def cmd_emulate(args) -> int:
+    from zerobench.engine.runtime.devices import hardware_profile
+    from zerobench.engine.runtime.emulate import check, emulate  # imports torch
+    from zerobench.perfmodel.hardware import get_profile
+    from zerobench.perfmodel.replay import cluster_of, complete
+
+    model, parallel, precision, train = configs(vars(args))
+    cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
+    spec = TrialSpec(model, parallel, precision, train, args.out, data=args.data, mem_cap_bytes=cap)
+    device = check(spec, args.rank)  # before anything runs: a bad rank, device or cluster writes nothing
+    cluster = cluster_of(device.type, hardware_profile(device), args.cluster)
+    get_profile(cluster)
+    record = run_under_policy(spec, vars(args), lambda s: complete(emulate(s, args.rank), cluster))
+    if args.out:
+        write_record(record, args.out)
+    _summarise(record)
+    return 0 if record["status"] in ("ok", "oom") else 1
+
+
 def cmd_model(args) -> int:
     record = modelled_record(vars(args))
     if args.out:
@@ -217,6 +236,14 @@ def parser() -> argparse.ArgumentParser:
     trial_args(trace, "trace")
     trace.add_argument("--out", help="write the record here (JSON)")
     trace.set_defaults(fn=cmd_trace)
+    emulate = sub.add_parser(
+        "emulate",
+        help="one rank of a dp x mp world of any size on this device: real memory and compute, "
+        "collectives priced by the model",
+    )
+    trial_args(emulate, "emulate")
+    emulate.add_argument("--out", help="write the record here (JSON)")
+    emulate.set_defaults(fn=cmd_emulate)
     model = sub.add_parser("model", help="one modelled record from the performance model")
     trial_args(model, "model")
     model.add_argument("--out", help="write the record here (JSON)")

@@ -15,6 +15,7 @@ GROUPS = {
     "search": "what runs where the listed size does not fit",
     "run": "this run",
     "trace": "the trace",
+    "emulate": "one rank of the world, emulated",
 }
 
 

@@ -12,7 +12,8 @@ from zerobench.artifacts.table1 import MODELS, printed, table1, traced_cells
 from zerobench.checks.table1_trace import traced_state_bytes
 from zerobench.engine.config import ParallelConfig, PrecisionConfig
 from zerobench.engine.model import GPT
-from zerobench.engine.runtime.trace import StorageCounter, fake_world, trace_record, trace_states, trace_step
+from zerobench.engine.runtime.counter import StorageCounter
+from zerobench.engine.runtime.trace import fake_world, trace_record, trace_states, trace_step
 from zerobench.engine.trial import TrialSpec
 
 

@@ -20,11 +20,21 @@ from zerobench.memory import BYTES_PER_PARAM
 from zerobench.stages import STAGES
 
 MiB = 2**20  # bytes; the flags take buffer sizes and budgets in MiB
-SOURCES = ("measured", "traced", "modelled")  # where a record's numbers come from (zerobench/engine/trial.py)
-COMMAND = {"measured": "run", "traced": "trace", "modelled": "model"}  # the command of each source
-TRIAL_COMMANDS = ("run", "trace", "model", "estimate", "peers")
+SOURCES = (
+    "measured",
+    "traced",
+    "modelled",
+    "emulated",
+)  # where a record's numbers come from (zerobench/engine/trial.py)
+COMMAND = {
+    "measured": "run",
+    "traced": "trace",
+    "modelled": "model",
+    "emulated": "emulate",
+}  # the command of each source
+TRIAL_COMMANDS = ("run", "trace", "model", "estimate", "peers", "emulate")
 PREDICTS = ("model", "estimate")  # the performance model's commands
-SEARCHES = ("run", "model")  # the commands with a batch/depth search (zerobench/sweeps/search.py)
+SEARCHES = ("run", "model", "emulate")  # the commands with a batch/depth search (zerobench/sweeps/search.py)
 POLICIES = ("listed", "largest_fits")
 TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}  # JSON schema's names
 
@@ -86,7 +96,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("vocab", int, "override the preset's vocab", "model", tag="v", schema=_POSITIVE,
           column=("vocab", "model.vocab")),
     Field("gpus", int, "world size: dp = gpus / mp (not a multiple: infeasible)", "parallel", tag="g",
-          commands=("run", "trace", *PREDICTS), schema=_POSITIVE),
+          commands=("run", "trace", "emulate", *PREDICTS), schema=_POSITIVE),
     Field("dp", int, "data-parallel degree N_d (default 1, or gpus/mp)", "parallel", tag="dp", schema=_POSITIVE,
           column=("dp", "parallel.dp")),
     Field("mp", int, "tensor model-parallel degree N_m", "parallel", _P.mp, "mp", schema=_POSITIVE,
@@ -112,9 +122,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("seed", int, "seed of the weights and the synthetic batches", "train", _T.seed, "seed",
           schema={"minimum": 0}, sets="train.seed"),
     Field("data", str, "synthetic, or a text file / shipped corpus (byte tokens)", "run", "synthetic", "",
-          commands=("run",), schema={"pattern": "^[A-Za-z0-9_.-]+$"}),
-    Field("mem_cap_mb", float, "per-rank budget (MiB); exceeding it is status oom", "run", tag="cap",
-          commands=("run",), schema={"exclusiveMinimum": 0}),
+          commands=("run", "emulate"), schema={"pattern": "^[A-Za-z0-9_.-]+$"}),
+    Field("mem_cap_mb", float, "per-rank budget (MiB); exceeding it is status oom (emulate on cuda: the "
+          "caching allocator's limit)", "run", tag="cap", commands=("run", "emulate"), schema={"exclusiveMinimum": 0}),
     Field("hardware", str, "performance-model profile: v100-32gb-dgx2, a100-80gb, h100-80gb, h200-141gb, or a "
           "`zerobench calibrate` JSON path/name", "hardware", "v100-32gb-dgx2", "", commands=PREDICTS,
           schema={"pattern": "^[a-z0-9-]+$"}),
@@ -154,8 +164,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="train.lr"),
     Field("clip_norm", float, "global gradient-norm clip; 0 disables it", "train", _T.clip_norm, "clip",
           schema={"minimum": 0}, sets="train.clip_norm"),
-    Field("device", str, "cpu (gloo) or cuda (NCCL); the workflow's config sets it for every trial", "train", "cpu",
-          column=("device", "precision.device")),
+    Field("device", str, "cpu (gloo) or cuda (NCCL); the workflow's config sets it for every trial unless the "
+          "sheet's trial sets its own", "train", "cpu", "", column=("device", "precision.device")),
     Field("gpus_per_node", int, "override the profile's node size", "hardware", tag="gpn", commands=PREDICTS,
           schema=_POSITIVE),
     Field("weight_decay", float, "AdamW's decoupled weight decay", "train", _T.weight_decay, "wd",
@@ -163,8 +173,13 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("timeout", float, "seconds a collective (or a step) may wait", "run", 1800.0, "to",
           commands=("run", "peers"), schema={"exclusiveMinimum": 0}),
     Field("compile", str, "torch.compile each block's compute (zerobench/engine/compile.py); auto: on for cuda, off "
-          "for cpu", "run", _T.compile, "compile-", commands=("run",), choices=COMPILE,
+          "for cpu", "run", _T.compile, "compile-", commands=("run", "emulate"), choices=COMPILE,
           column=("compile", "train.compile"), sets="train.compile"),
+    Field("rank", int, "the rank of the dp × mp world this process runs", "emulate", 0, "rk", commands=("emulate",),
+          schema={"minimum": 0}),
+    Field("cluster", str, "the hardware profile whose network prices the collectives (default: the device's own: "
+          "its GPU's profile, or calibrated-cpu)", "emulate", tag="on-", commands=("emulate",),
+          schema={"pattern": "^[a-z0-9-]+$"}),
 )}  # fmt: skip
 SHEET_FIELDS = tuple(name for name, f in FIELDS.items() if f.tag is not None or not f.flag)
 

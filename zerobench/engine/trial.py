@@ -39,7 +39,7 @@ from zerobench.engine.config import (
 from zerobench.engine.fields import FIELDS, SOURCES, MiB
 
 STATUSES = ("ok", "oom", "infeasible", "timeout", "error")
-COMPUTING_COMMANDS = ("run", "peers")  # the commands that compute real steps (default_precision)
+COMPUTING_COMMANDS = ("run", "peers", "emulate")  # the commands that compute real steps (default_precision)
 
 
 def default_precision(device: str, computes: bool) -> str:

@@ -5,131 +5,38 @@ traces on a laptop. What comes out is exact for *this engine*: model-state bytes
 §5, Table 1), activation and temporary bytes, the peak, and the collective bytes of the ledger
 (§7), per op and group.
 
-Memory is counted by `StorageCounter`, a small TorchDispatchMode of our own, not
-`torch.distributed._tools.mem_tracker.MemTracker`: MemTracker recognises only nn.Parameter
-storages, `torch.optim` states and `.grad` tensors, while this engine keeps its states in flat
-buffers of its own (it would file gradients and optimizer states as "other" and stage 3's gathered
-parameters as activations), and it grows super-linearly with the tensors tracked (design.md).
-The record names the counter (`memory_counter`).
+Memory is counted by `StorageCounter` (runtime/counter.py), a FakeTensorMode of our own that
+counts live storage bytes by category. The record names the counter (`memory_counter`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-import weakref
 from contextlib import contextmanager
-from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_leaves
 
 from zerobench import memory
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.runtime.batches import micro_batches, token_source
+from zerobench.engine.runtime.counter import StorageCounter
 from zerobench.engine.runtime.train import build_engine
 from zerobench.engine.trial import TrialSpec, short_error
 
-CATEGORIES = ("param", "grad", "optimizer", "activation", "temporary", "other")
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category
-_DEVICE = torch.ops.prim.device.default  # the argument parser asks for it more than once per op
-
-
-class StorageCounter(FakeTensorMode):
-    """FakeTensorMode that also counts live bytes per category of every storage the ops create
-    while it is active, and the peak with its breakdown. A new storage takes the category of the
-    current `phase`; `tag` files tensors under a category of their own (the engine's model states),
-    and `retag`, called on the op after each allocation, lists the short-lived tensors that are
-    model states although the step creates them (stage 2's gradient staging buckets, stage 3's
-    gathered parameter buckets).
-
-    One mode, not a TorchDispatchMode stacked on FakeTensorMode: each op crosses into Python once,
-    not twice, and the `prim.device` queries (more than the ops) are answered here directly. Ops
-    that FakeTensorMode runs inside another (decompositions) are not counted, as a mode stacked
-    above it would not see them.
-
-    `nn.Module.to` works in it: the converter's memo of fresh op outputs would put a weakref on
-    every Parameter, and `Module._apply` then refuses to swap fake parameters (pytorch#178584); a
-    fresh meta tensor is never looked up again, so nothing is lost by not memoizing."""
-
-    def __init__(self, retag=lambda: ()):
-        super().__init__()
-        self.fake_tensor_converter.set_tensor_memo = lambda t, v: None
-        self.phase = "other"
-        self.retag = retag
-        self._live: dict[int, list] = {}  # id(storage) -> [weakref, bytes, category]
-        self.bytes = dict.fromkeys(CATEGORIES, 0)  # live now
-        self.high = dict.fromkeys(CATEGORIES, 0)  # each category's own high-water mark
-        self.total = 0
-        self._fresh = False
-        self._depth = 0  # ops under way: FakeTensorMode re-enters itself to decompose
-        self.reset_peak()
-
-    def reset_peak(self) -> None:
-        self.peak, self.peak_bytes = self.total, dict(self.bytes)
-
-    def reset_high(self) -> None:
-        self.high = dict(self.bytes)
-
-    def tag(self, tensors, category: str) -> None:
-        for t in tensors:
-            self._see(t, category, force=True)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is _DEVICE:  # answered as FakeTensorMode's own handler does, without its dispatch
-            return torch.device("meta") if args[0].fake_mode.in_kernel_invocation else args[0].fake_device
-        self._depth += 1
-        try:
-            out = super().__torch_dispatch__(func, types, args, kwargs or {})
-        finally:
-            self._depth -= 1
-        if self._depth:
-            return out
-        if self._fresh:  # a buffer the engine allocated at the last op may be a model state
-            self._fresh = False
-            for t, category in self.retag():
-                self._see(t, category, force=True)
-        for t in tree_leaves(out):
-            # a meta tensor (the model before the engine builds it) is a shape, not memory
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.fake_device.type != "meta":
-                self._see(t, self.phase)
-        if self.total >= self.peak:  # >=: what the last op allocated was retagged by this one
-            self.reset_peak()
-        return out
-
-    def _see(self, t: torch.Tensor, category: str, force: bool = False) -> None:
-        st = t.untyped_storage()
-        entry = self._live.get(id(st))
-        if entry is None:
-            n = st.nbytes()
-            self._live[id(st)] = [weakref.ref(st, partial(self._free, id(st))), n, category]
-            self.bytes[category] += n
-            self.total += n
-            self._fresh = True
-            self.high[category] = max(self.high[category], self.bytes[category])
-        elif force and entry[2] != category:
-            self.bytes[entry[2]] -= entry[1]
-            self.bytes[category] += entry[1]
-            entry[2] = category
-            self.high[category] = max(self.high[category], self.bytes[category])
-
-    def _free(self, key: int, _ref) -> None:
-        _, n, category = self._live.pop(key)
-        self.bytes[category] -= n
-        self.total -= n
 
 
 @contextmanager
-def fake_world(world_size: int):
-    """This process as rank 0 of a fake process group of `world_size` ranks (collectives do
-    nothing; shapes and counts only)."""
+def fake_world(world_size: int, rank: int = 0):
+    """This process as rank `rank` of a fake process group of `world_size` ranks (torch's fake
+    backend: collectives do nothing; shapes and counts only)."""
     if dist.is_initialized():
-        raise RuntimeError("trace: a process group is already initialized; trace in a process of its own")
+        raise RuntimeError("a process group is already initialized; trace or emulate in a process of its own")
     # No store: torch then makes the fake backend's own (and registers the backend) itself.
-    dist.init_process_group("fake", rank=0, world_size=world_size)
+    dist.init_process_group("fake", rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -148,24 +55,68 @@ def _state_tensors(engine) -> dict[str, list[torch.Tensor]]:
     }
 
 
+def build_counted(spec: TrialSpec, ctx, comms: Comms, counter, device: torch.device):
+    """`build_engine` under `counter` (a counter of runtime/counter.py, entered by the caller): the
+    engine's model states filed by category and the construction's peak noted (`build_peak`)."""
+    engine = build_engine(spec, ctx, comms, device)
+    counter.build_peak = counter.peak  # the construction's own peak, before any step resets it
+    for category, tensors in _state_tensors(engine).items():
+        counter.tag(tensors, category)
+    counter.retag = engine.transient_states
+    return engine
+
+
+def counted_step(engine, comms: Comms, counter, mbs: list) -> dict:
+    """One step (every micro-batch of `mbs`, then the optimizer) under `counter`, entered by the
+    caller: the step's bytes by category, its peak and the ledger of its collectives."""
+    counter.tag([t for mb in mbs for t in mb], "other")  # the token batch: data, not activations
+    comms.ledger.reset()  # the step's traffic only, as `zerobench run` counts timed steps
+    counter.reset_peak()
+    counter.reset_high()
+    activation = 0
+    for i, (x, y) in enumerate(mbs):
+        counter.phase = "activation"
+        loss = engine.model(x, y)
+        activation = max(activation, counter.bytes["activation"])  # what forward keeps for backward
+        counter.phase = "temporary"
+        engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
+        del loss
+    engine.step()
+    counter.phase = "other"
+    return {
+        "bytes": dict(counter.bytes),
+        "activation_bytes": activation,
+        "peak_bytes": counter.peak,
+        "peak_breakdown": counter.peak_bytes,
+        "high": dict(counter.high),
+        "engine_state_bytes": engine.model_state_bytes(),
+        "build_peak": counter.build_peak,
+        "ledger": comms.ledger.as_dict(),
+    }
+
+
+def rank_micro_batches(spec: TrialSpec, dp_rank: int, step: int = 0) -> list:
+    """The real token micro-batches (b·(s+1) integers per sequence) of DP rank `dp_rank` at `step`,
+    drawn as `zerobench run` draws them."""
+    tokens = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(
+        step, spec.global_batch
+    )
+    return list(micro_batches(tokens, spec.train.grad_accum, spec.parallel.dp, dp_rank))
+
+
 @contextmanager
 def traced_engine(spec: TrialSpec):
     """`build_engine(spec)` as rank 0 of a fake world, under fake tensors and a StorageCounter
     that has filed the engine's model states and noted the construction's peak (`build_peak`);
     yields (engine, ctx, comms, counter)."""
-    holder = []
-    counter = StorageCounter(lambda: holder[0].transient_states() if holder else ())
+    counter = StorageCounter()
     # the eager program: fake tensors build no kernels (a trace on cpu compiles nothing anyway)
     spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile="off"))
     with fake_world(spec.parallel.world_size):
         ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
         comms = Comms()
         with counter:
-            holder.append(build_engine(spec, ctx, comms, torch.device("cpu")))
-            counter.build_peak = counter.peak  # the construction's own peak, before any step resets it
-            for category, tensors in _state_tensors(holder[0]).items():
-                counter.tag(tensors, category)
-            yield holder[0], ctx, comms, counter
+            yield build_counted(spec, ctx, comms, counter, torch.device("cpu")), ctx, comms, counter
 
 
 def trace_states(spec: TrialSpec) -> dict[str, int]:
@@ -184,40 +135,12 @@ def trace_step(spec: TrialSpec) -> dict:
     """Build the engine and run one step (every micro-batch, then the optimizer) under fake
     tensors; return the counts the record is made of."""
     t0 = time.perf_counter()
-    # the real token batch (b·(s+1) integers per sequence), drawn as `zerobench run` draws it
-    tokens = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(
-        0, spec.global_batch
-    )
-    real = list(micro_batches(tokens, spec.train.grad_accum, spec.parallel.dp, 0))  # world rank 0 is DP rank 0
+    real = rank_micro_batches(spec, 0)  # world rank 0 is DP rank 0
     with traced_engine(spec) as (engine, ctx, comms, counter):
         mbs = [(counter.from_tensor(x), counter.from_tensor(y)) for x, y in real]
-        counter.tag([t for mb in mbs for t in mb], "other")  # the token batch: data, not activations
-        comms.ledger.reset()  # the step's traffic only, as `zerobench run` counts timed steps
-        counter.reset_peak()
-        counter.reset_high()
         built = time.perf_counter()
-        activation = 0
-        for i, (x, y) in enumerate(mbs):
-            counter.phase = "activation"
-            loss = engine.model(x, y)
-            activation = max(activation, counter.bytes["activation"])  # what forward keeps for backward
-            counter.phase = "temporary"
-            engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
-            del loss
-        engine.step()
-        counter.phase = "other"
-        return {
-            "bytes": dict(counter.bytes),
-            "activation_bytes": activation,
-            "peak_bytes": counter.peak,
-            "peak_breakdown": counter.peak_bytes,
-            "high": dict(counter.high),
-            "engine_state_bytes": engine.model_state_bytes(),
-            "build_peak": counter.build_peak,
-            "ledger": comms.ledger.as_dict(),
-            "build_s": built - t0,
-            "step_s": time.perf_counter() - built,
-        }
+        out = counted_step(engine, comms, counter, mbs)
+        return {**out, "build_s": built - t0, "step_s": time.perf_counter() - built}
 
 
 def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:

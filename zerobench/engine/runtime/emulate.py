@@ -1,0 +1,153 @@
+"""One rank of any world, emulated (`source: emulated`): rank r of a dp × mp world runs the real
+engine with real tensors on one real device, on torch's fake process group, so no other rank
+exists. What the record holds, and where each part comes from:
+- memory, measured: the tensors this rank allocates, counted by category op by op (LiveCounter,
+  runtime/counter.py: the trace's counter on real tensors, so equal to the trace's byte for
+  byte), and on CUDA the caching allocator's peak allocated and reserved; on CPU peak RSS;
+- compute, measured: each timed step on the device clock with every collective doing nothing
+  (parallel/emulated_comms.py fills what a collective would have brought locally);
+- collectives, modelled: the step's calls, each with when the engine issued and waited for it,
+  left for the performance model to price and place (perfmodel/replay.py), which adds the step
+  time. The paper's mechanism (§10.3: partitioning frees memory, a larger micro-batch fits, and
+  runs nearer peak) is then measured where it acts, at a paper rank's real shapes.
+
+On CUDA `mem_cap_bytes` caps the caching allocator (its per-process memory fraction), so a
+micro-batch that does not fit fails as a real out-of-memory error; on CPU the rank's counted
+tensor peak is held against it (an allocation on the host does not fail).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+
+import torch
+
+from zerobench import memory
+from zerobench.engine.config import ConfigError
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.emulated_comms import EmulatedComms
+from zerobench.engine.runtime.counter import LiveCounter
+from zerobench.engine.runtime.devices import StepTimer, hardware_profile
+from zerobench.engine.runtime.launch import classify
+from zerobench.engine.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
+from zerobench.engine.runtime.train import StepLog, train_steps
+from zerobench.engine.trial import TrialSpec, short_error
+
+# what each part of an emulated record is, as the record states it
+PARTS = {"memory": "measured", "compute": "measured", "collectives": "modelled"}
+LOSSES = "emulated: every collective filled locally (parallel/emulated_comms.py); not the model's losses"
+
+
+def check(spec: TrialSpec, rank: int) -> torch.device:
+    """The device an emulated rank runs on; refuses a rank outside the world, or CUDA where there
+    is none (naming the field). The world itself was checked when the configs were made."""
+    world = spec.parallel.world_size
+    if not 0 <= rank < world:
+        raise ConfigError(f"rank={rank}: must be in [0, {world}) for dp × mp = {spec.parallel.dp} × {spec.parallel.mp}")
+    if spec.precision.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda: no CUDA device is available here")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def emulate(spec: TrialSpec, rank: int = 0) -> dict:
+    """Rank `rank` of `spec`'s world: one counted step, then `warmup` and `steps` timed steps.
+    Returns the record without step time (perfmodel/replay.py prices the collectives); out of
+    memory is status `oom`, any other failure `error`."""
+    device = check(spec, rank)
+    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # one core, as each rank of `zerobench run` owns one
+    try:
+        return _emulate(spec, rank, device)
+    except Exception as exc:  # the record says why, as `zerobench run`'s does
+        return spec.record("emulated", status=classify(exc), error=short_error(exc), extra=_extra(rank))
+    finally:
+        gc.collect()  # the next attempt of a search starts from nothing
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def _extra(rank: int) -> dict:
+    return {"emulated_rank": rank, "emulation": dict(PARTS), "losses_note": LOSSES}
+
+
+def _cap(spec: TrialSpec, device: torch.device) -> None:
+    if device.type == "cuda" and spec.mem_cap_bytes is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.mem_cap_bytes / total), device)
+
+
+def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
+    cuda = device.type == "cuda"
+    _cap(spec, device)
+    rss_base = memory.reset_peak_rss()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    with fake_world(spec.parallel.world_size, rank):
+        ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
+        comms = EmulatedComms(device)
+        with LiveCounter() as counter:
+            engine = build_counted(spec, ctx, comms, counter, device)
+            build_peak = torch.cuda.max_memory_allocated(device) if cuda else counter.build_peak
+            mbs = [(x.to(device), y.to(device)) for x, y in rank_micro_batches(spec, ctx.dp.rank)]
+            counted = counted_step(engine, comms, counter, mbs)  # the first step: bytes as the trace counts
+        del mbs
+        over = spec.mem_cap_bytes is not None and not cuda and counted["peak_bytes"] > spec.mem_cap_bytes
+        if over:  # on a host nothing fails to allocate: the counted peak is held against the cap
+            error = (f"tensor peak {counted['peak_bytes'] / 2**20:.1f} MiB per rank exceeds the cap of "
+                     f"{spec.mem_cap_bytes / 2**20:.1f} MiB")  # fmt: skip
+            return spec.record("emulated", status="oom", error=error, extra=_extra(rank))
+        log = StepLog(spec, 0, device)
+        train_steps(engine, spec, ctx, spec.train.warmup, 1, on_step=log)
+        comms.ledger.reset()  # the timed steps' traffic only
+        timer, steps = StepTimer(device), []
+
+        def timed(step: int, loss: float) -> None:
+            timer.mark()  # on CUDA waits for the step: its events can be read
+            steps.append(comms.timeline.read())
+            comms.timeline.begin()
+            log(step, loss)
+
+        timer.mark()
+        comms.timeline.begin()
+        losses = train_steps(engine, spec, ctx, spec.train.steps, 1 + spec.train.warmup, on_step=timed)
+        times = timer.times()
+    peak_rss = memory.peak_rss_bytes()
+    n = spec.train.steps
+    comm = {k: {**v, "seconds": None, "per_step_volume_elements": v["volume_elements"] / n}
+            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    return spec.record(
+        "emulated",
+        hardware=hardware_profile(device),
+        **{f"{k}_bytes": counted["bytes"][k] for k in ("param", "grad", "optimizer")},
+        activation_bytes=counted["activation_bytes"],
+        peak_allocated_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+        peak_reserved_bytes=torch.cuda.max_memory_reserved(device) if cuda else None,
+        peak_rss_bytes=peak_rss,
+        build_peak_bytes=build_peak,
+        comm=comm,
+        losses=losses,
+        first_loss=losses[0],
+        last_loss=losses[-1],
+        extra={
+            **_extra(rank),
+            "compute_s": statistics.median(times),  # the step with collectives doing nothing
+            "compute_min_s": min(times),
+            "compute_max_s": max(times),
+            "compute_times_s": times,
+            "flops_per_gpu_per_step": spec.tflops_per_gpu(1.0) * 1e12,  # the paper's convention (flops.py)
+            "step_calls": steps,  # per timed step: each call, issued and waited for (s from the step's start)
+            "tensor_peak_bytes": counted["peak_bytes"],  # the counter's, as the trace's peak_allocated_bytes
+            "tensor_build_peak_bytes": counted["build_peak"],
+            "peak_breakdown": counted["peak_breakdown"],
+            "high_water_bytes": counted["high"],
+            "temporary_bytes": counted["high"]["temporary"],
+            "rss_growth_bytes": peak_rss - rss_base,
+            "memory_counter": LiveCounter.__name__,
+            "compiled": spec.train.compiles(device.type),
+        },
+    )
