@@ -34,6 +34,7 @@ from zerobench.engine.runtime.launch import classify
 from zerobench.engine.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
 from zerobench.engine.runtime.train import StepLog, train_steps
 from zerobench.engine.trial import TrialSpec, short_error
+from zerobench.engine.zero.buffers import no_reuse
 
 # what each part of an emulated record is, as the record states it
 PARTS = {"memory": "measured", "compute": "measured", "collectives": "modelled"}
@@ -90,7 +91,7 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
     with fake_world(spec.parallel.world_size, rank):
         ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
         comms = EmulatedComms(device)
-        with LiveCounter() as counter:
+        with LiveCounter() as counter, no_reuse():
             engine = build_counted(spec, ctx, comms, counter, device)
             build_peak = torch.cuda.max_memory_allocated(device) if cuda else counter.build_peak
             mbs = [(x.to(device), y.to(device)) for x, y in rank_micro_batches(spec, ctx.dp.rank)]
@@ -149,5 +150,6 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
             "rss_growth_bytes": peak_rss - rss_base,
             "memory_counter": LiveCounter.__name__,
             "compiled": spec.train.compiles(device.type),
+            "skipped_steps": engine.scaler.skipped,  # fp16: steps the loss scaler skipped for an overflow
         },
     )

@@ -18,6 +18,8 @@ allocator.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -61,6 +63,8 @@ class BufferPool:
     tensors) allocates nothing. What the pool holds is what a caching allocator reserves: freed,
     not in use; the engine clears it at the end of forward and of backward."""
 
+    reuse = True  # every pool's; off inside `no_reuse`
+
     def __init__(self, dtype: torch.dtype, device: torch.device):
         self.dtype, self.device = dtype, device
         self.active = device.type == "cpu" and not isinstance(torch.empty(0, device=device), FakeTensor)
@@ -72,9 +76,21 @@ class BufferPool:
         return free.pop() if free else torch.empty(numel, dtype=self.dtype, device=self.device)
 
     def give(self, t: torch.Tensor) -> None:
-        """Take back `t`, which nothing else may use any more."""
-        if self.active:
+        """Take back `t`, which nothing else may use any more (not inside `no_reuse`)."""
+        if self.active and BufferPool.reuse:
             self._free.setdefault(t.numel(), []).append(t)
 
     def clear(self) -> None:
         self._free.clear()
+
+
+@contextmanager
+def no_reuse():
+    """No pool keeps a freed buffer in this block: an emulated rank's counted step
+    (runtime/emulate.py), where a kept buffer would count as a live tensor that the trace and a
+    GPU's allocator see freed."""
+    BufferPool.reuse = False
+    try:
+        yield
+    finally:
+        BufferPool.reuse = True
