@@ -72,6 +72,34 @@ rule run_interleaved:
         " --device {params.device} --time-limit {params.time_limit} --launcher '{params.launcher}' > {log} 2>&1"
 
 
+rule emulate_trial:
+    """An emulated trial: one rank of a dp x mp world of any size on this job's one device (real
+    memory and compute; collectives priced by the model), `zerobench emulate`."""
+    output:
+        "results/runs/{source}_{trial}.json",
+    log:
+        "results/logs/{source}_{trial}.log",
+    wildcard_constraints:
+        source="emulated",
+    conda:
+        "envs/zerobench.yaml"
+    # one rank whatever the world: one GPU on a GPU cluster; on CPU every core held, so that
+    # nothing else runs beside the steps it times (the rank itself computes on one thread)
+    threads: workflow.cores
+    resources:
+        gpu=lambda wc: 1 if config["device"] == "cuda" else 0,
+        runtime=lambda wc, attempt: 30 * attempt,
+        mem_mb=16000,
+        trial_slots=1,
+    params:
+        flags=trial_flags,
+        device=config["device"],
+    # a sheet's trial may set its own device: its flag comes after the config's, and wins
+    shell:
+        "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python -m zerobench.cli emulate --device {params.device}"
+        " {params.flags} --out {output} > {log} 2>&1"
+
+
 rule trace_trial:
     """A traced trial: one step of the same engine under FakeTensorMode, at paper scale."""
     output:

@@ -18,7 +18,9 @@ from zerobench.engine.runtime import allocator
 from zerobench.engine.runtime.procs import process_tree
 from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
+from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, PROFILES
+from zerobench.perfmodel.replay import cluster_of, complete
 from zerobench.results import read_record, write_record
 from zerobench.sweeps.groups import modelled_record, sweep_args
 from zerobench.sweeps.search import listed_flags, run_under_policy
@@ -127,10 +129,9 @@ def cmd_trace(args) -> int:
 
 
 def cmd_emulate(args) -> int:
+    # torch: not for the light commands
     from zerobench.engine.runtime.devices import hardware_profile
-    from zerobench.engine.runtime.emulate import check, emulate  # imports torch
-    from zerobench.perfmodel.hardware import get_profile
-    from zerobench.perfmodel.replay import cluster_of, complete
+    from zerobench.engine.runtime.emulate import check, emulate
 
     model, parallel, precision, train = configs(vars(args))
     cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None

@@ -71,6 +71,9 @@ def _tables() -> dict[str, pd.DataFrame]:
             ("P_os+g+p N_d=2: largest micro-batch that fits", 1800.0, None, "judged", {"vs_linear_pct": -20.0}),
             source="measured",
         ),
+        "superlinear_emulated": _rows(
+            ("emulated P_os+g N_d=2", 3500.0, 3400.0, "judged", {"per_rank_ratio": 1.03}), source="emulated"
+        ),
         "comm_volume": _rows(
             ("baseline N_d=4", 2.0, 2.0, "judged"),
             ("P_os+g N_d=4", 2.0, 2.0, "judged"),
@@ -99,7 +102,8 @@ def test_each_claim_reads_ours_from_the_tables_by_hand():
         "fig2_10x_megatron": 36.0 / 4.0,  # 60B: 8B and 100B come from fitted rows
         "model_size_8x": 150.0 / 20.0,  # C5; the fitted C4 left out
         "fig3_superlinear": 36.0 / 30.0,
-        "superlinear_doubling": 0.8,
+        "superlinear_doubling": 1.03,
+        "superlinear_doubling_shared_host": 0.8,
         "comm_stage3_1_5x": 1.5,
         "comm_stage12_1x": 1.0,
     }
@@ -144,18 +148,19 @@ def test_verdict_flips_past_the_tolerance():
     assert _ledger(base).loc["fig3_superlinear", "verdict"] == PARTLY  # 1.2 against 1.43
     flat = _move(base, "fig3", "400 GPUs", 29.0)
     assert _ledger(flat).loc["fig3_superlinear", "verdict"] == REFUTED
-    assert _ledger(base).loc["superlinear_doubling", "verdict"] == REFUTED  # 0.8: sub-linear
+    assert _ledger(base).loc["superlinear_doubling_shared_host", "verdict"] == REFUTED  # 0.8: sub-linear
+    assert _ledger(base).loc["superlinear_doubling", "verdict"] == PARTLY  # 1.03 against 1.46: above 1 only
     # measured in interleaved rounds, the statement holds only where it held in every round
     key = "P_os+g+p N_d=2: largest micro-batch that fits"
     above = _move(base, "superlinear", key, 5.0, column="vs_linear_pct")  # 1.05, no rounds' range
-    got = _ledger(above).loc["superlinear_doubling"]
+    got = _ledger(above).loc["superlinear_doubling_shared_host"]
     assert got.verdict == PARTLY and "the statement read on ours" in got.note
     straddles = _move(above, "superlinear", key, -3.0, column="vs_linear_low_pct")
-    got = _ledger(straddles).loc["superlinear_doubling"]
+    got = _ledger(straddles).loc["superlinear_doubling_shared_host"]
     assert (got.ours, got.verdict) == (pytest.approx(1.05), REFUTED) and "vs_linear_low_pct" not in got.note
     assert "the statement read on superlinear: " + key in got.note and got.note.endswith(": 0.97")
     every_round = _move(above, "superlinear", key, 2.0, column="vs_linear_low_pct")
-    assert _ledger(every_round).loc["superlinear_doubling", "verdict"] == PARTLY
+    assert _ledger(every_round).loc["superlinear_doubling_shared_host", "verdict"] == PARTLY
 
 
 def test_fitted_point_is_not_testable():
@@ -182,7 +187,7 @@ def test_missing_table_row_or_role_reads_not_testable():
     oom = _move(base, "fig3", "400 GPUs", "oom", column="status")
     assert _ledger(oom).loc["fig3_superlinear", "verdict"] == UNTESTABLE
     slow = _move(base, "superlinear", "P_os+g+p N_d=2: largest micro-batch that fits", True, column="slow_spell")
-    assert _ledger(slow).loc["superlinear_doubling", "verdict"] == UNTESTABLE
+    assert _ledger(slow).loc["superlinear_doubling_shared_host", "verdict"] == UNTESTABLE
     nothing = ledger({})
     assert (nothing.verdict == UNTESTABLE).all() and len(nothing) == len(CLAIMS)
 

@@ -227,7 +227,11 @@ def test_the_sheet_schema_is_the_field_table():
     assert schema["$defs"]["fieldnames"]["enum"] == made["names"]
     assert made["properties"]["stage"] == {"type": "integer", "enum": [0, 1, 2, 3],
                                            "description": "ZeRO-DP stage 0-3 (0 = plain DP)"}  # fmt: skip
-    assert "device" not in made["names"]  # the workflow's config sets it for every trial
+    # the workflow's config sets the device for every trial; a sheet's trial may set its own (the
+    # paper-scale emulated sheets: cuda), named in its id and given as its flag
+    cuda = {"source": "emulated", "model": "gpt-60b", "dp": 4, "device": "cuda"}
+    assert sheets.trial_id(cuda).endswith("-cuda") and sheets.trial_flags(cuda)[-2:] == ["--device", "cuda"]
+    assert "cuda" not in sheets.trial_id({**cuda, "device": None})
 
 
 def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():

@@ -91,6 +91,8 @@ def _ref(artifact: str, metric: str, per: PaperRef | None = None, **where) -> Pa
 
 # the measured superlinear pair (artifacts/superlinear.py): per-rank throughput at N_d 2 over N_d 1
 _SL, _SL_ROW = "superlinear", "P_os+g+p N_d=2: largest micro-batch that fits"
+# the emulated superlinear line (artifacts/superlinear_emulated.py): one rank of N_d 2 over one of N_d 1
+_SLE, _SLE_ROW = "superlinear_emulated", "emulated P_os+g N_d=2"
 
 
 def _per_rank(vs_linear_pct: float) -> float:
@@ -153,9 +155,15 @@ CLAIMS = (
     Claim("fig3_superlinear", "A 60B model scales superlinearly from 64 to 400 GPUs: per-GPU throughput at "
           "400 GPUs over that at 64", _F3, "x", ratio(cell("fig3", "400 GPUs"), cell("fig3", "64 GPUs")),
           _ref("fig3", "throughput_per_gpu", per=_fig3_per_gpu(64), gpus=400), 10, holds_above=1.0),
-    Claim("superlinear_doubling", "Performance more than doubles when the GPU count doubles (P_os+g+p, "
-          "per-rank throughput at N_d 2 over N_d 1, each at its largest micro-batch; paper: 64 -> 128 GPUs)", _F3,
-          "x", cell(_SL, _SL_ROW, "vs_linear_pct", _per_rank), _ref("fig3", "throughput_per_gpu",
+    Claim("superlinear_doubling", "Performance more than doubles when the GPU count doubles (P_os+g, per-rank "
+          "throughput of one rank of N_d 2 over one of N_d 1, emulated: each at its largest micro-batch under one "
+          "budget, no ranks sharing the host; paper: 64 -> 128 GPUs)", _F3, "x",
+          cell(_SLE, _SLE_ROW, "per_rank_ratio"), _ref("fig3", "throughput_per_gpu", per=_fig3_per_gpu(64), gpus=128),
+          10, holds_above=1.0),
+    Claim("superlinear_doubling_shared_host", "The same, measured with two real ranks sharing this 2-core host "
+          "(P_os+g+p, per-rank throughput at N_d 2 over N_d 1 in interleaved rounds): the ranks' contention for one "
+          "host's caches and memory bandwidth is in it, which the paper's ranks, a GPU each, did not have", _F3, "x",
+          cell(_SL, _SL_ROW, "vs_linear_pct", _per_rank), _ref("fig3", "throughput_per_gpu",
           per=_fig3_per_gpu(64), gpus=128), 10, holds_above=1.0, holds_on=cell(_SL, _SL_ROW, "vs_linear_low_pct",
           _per_rank)),
     Claim("comm_stage3_1_5x", "P_os+g+p moves 1.5x the data-parallel baseline's communication volume (3Ψ vs 2Ψ)",

@@ -41,6 +41,12 @@ REGISTRY: dict[str, Artifact] = {
     "fig2": Artifact(_PT + "fig2", _P + "fig2", joins_trials=True),
     "fig3": Artifact(_PT + "fig3", _S + "fig3", joins_trials=True),
     "superlinear": Artifact("zerobench.artifacts.superlinear:table", _S + "superlinear", joins_trials=True),
+    "superlinear_emulated": Artifact(
+        "zerobench.artifacts.superlinear_emulated:table",
+        _S + "superlinear_emulated",
+        joins_trials=True,
+        needs_profile=True,
+    ),
     "fig5": Artifact(_PT + "fig5", _P + "fig5", (8, 5), joins_trials=True),
     "fig6": Artifact(_PT + "fig6", _P + "fig6", (8, 5), joins_trials=True),
     "fig7": Artifact(_PT + "fig7", _P + "fig7", (8, 5), joins_trials=True),

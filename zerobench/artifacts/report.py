@@ -11,12 +11,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from zerobench.artifacts import superlinear, superlinear_emulated
 from zerobench.artifacts.claims import section as claims_section
 from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
-from zerobench.artifacts.superlinear import seen
 from zerobench.peers.summary import peers_markdown
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
@@ -30,6 +30,9 @@ STATED_LIMITS = {
 }  # fmt: skip
 SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct",
          "error_without_fitted_pct", "formula", "vs_linear_pct", "derived_from", "build_gb"]  # fmt: skip
+
+# the sweeps whose section says, in words, what the run saw
+SEEN = {"superlinear": superlinear.seen, "superlinear_emulated": superlinear_emulated.seen}
 
 
 def _num(v) -> str:
@@ -154,8 +157,8 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     shown = _condense_loss(df) if "layout" in df else df
     if "kind" in shown:  # capacity: the per-stage summary first
         shown = pd.concat([shown[shown.kind != "trial"], shown[shown.kind == "trial"]])
-    if sheet["table"] == "superlinear":  # what the run saw, in words, whichever way it went
-        said = f"**Seen.** {seen(df)}\n\n**Verdict.** {line}"
+    if sheet["table"] in SEEN:  # what the run saw, in words, whichever way it went
+        said = f"**Seen.** {SEEN[sheet['table']](df)}\n\n**Verdict.** {line}"
     else:
         said = f"**Verdict.** {line}"
     if "host_speed_runs" in df:  # a measured comparison: the host's speed beside it, as measured

@@ -74,3 +74,43 @@ def superlinear(df: pd.DataFrame, fig) -> None:
         _log2_axis(a, sorted(best.dp.unique()))
         a.margins(x=0.12)
         a.legend(fontsize=7)
+
+
+def superlinear_emulated(df: pd.DataFrame, fig) -> None:
+    """Left: per-rank throughput over the one-rank point against ranks (1 = linear), emulated,
+    modelled at the same micro-batches, the paper's Fig 3 per GPU (64 GPUs = 1), and a real
+    two-rank run on this host (its ranks share it). Right: each emulated step, measured compute
+    and modelled exposed collectives, with the micro-batch that fitted."""
+    ax, ax2 = fig.subplots(1, 2)
+    emu = df[(df.kind == "emulated") & (df.status == "ok")].sort_values("dp")
+    for kind, style, label in (
+        ("emulated", dict(color="tab:green", marker="D"), "emulated (one rank, this CPU)"),
+        ("modelled", dict(color="tab:blue", marker="s", ls="--"), "modelled (calibrated CPU)"),
+        ("paper", dict(color="black", marker="o", mfc="none"), "paper Fig 3 (64 GPUs = 1)"),
+    ):
+        sub = df[df.kind == kind].sort_values("dp")
+        if len(sub):
+            ax.plot(sub.dp, sub.per_rank_ratio, label=label, **style)  # fmt: skip
+    host = df[df.kind == "host"].set_index("dp")
+    if 1 in host.index and 2 in host.index:  # the same micro-batch: per-rank speed is the steps' ratio
+        ratio = host.step_time_s[1] / host.step_time_s[2]
+        ax.scatter([2], [ratio], marker="x", color="tab:red", s=60, zorder=5,
+                   label=f"measured, 2 ranks sharing this host (b={host.micro_batch[2]:g})")  # fmt: skip
+    ax.axhline(1.0, ls=":", color="grey", lw=1.2, label="linear (flat per rank)")
+    for r in emu.itertuples():
+        ax.annotate(f"b={r.micro_batch:g}", (r.dp, r.per_rank_ratio), textcoords="offset points", xytext=(5, 6),
+                    fontsize=7, color="tab:green")  # fmt: skip
+    ax.set(xlabel="ranks (N_d; paper: GPUs / 64)", ylabel="per-rank throughput / one-rank point")
+    cap = emu.mem_cap_bytes.dropna()
+    ax.set_title(f"budget {cap.iloc[0] / 2**20:.0f} MiB of tensors per rank" if len(cap) else "", fontsize=8,
+                 loc="left")  # fmt: skip
+    ticks = sorted(set(emu.dp) | {1, 2, 4, 8})
+    _log2_axis(ax, ticks)
+    ax.legend(fontsize=7)
+    x = range(len(emu))
+    ax2.bar(x, emu.compute_s, color="tab:green", label="compute (measured)")
+    ax2.bar(x, emu.collective_stall_s, bottom=emu.compute_s, color="tab:orange",
+            label="collectives exposed (modelled)")  # fmt: skip
+    ax2.set_xticks(list(x), [f"N_d={d:g}\nb={b:g}" for d, b in zip(emu.dp, emu.micro_batch, strict=True)])
+    ax2.set(ylabel="seconds per step (one rank)")
+    ax2.legend(fontsize=7)
