@@ -76,15 +76,21 @@ def _extra(rank: int) -> dict:
     return {"emulated_rank": rank, "emulation": dict(PARTS), "losses_note": LOSSES}
 
 
-def _cap(spec: TrialSpec, device: torch.device) -> None:
-    if device.type == "cuda" and spec.mem_cap_bytes is not None:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, spec.mem_cap_bytes / total), device)
+def _cap(spec: TrialSpec, device: torch.device) -> str | None:
+    """On CUDA, the caching allocator capped at the trial's budget; what the record says of it."""
+    if spec.mem_cap_bytes is None:
+        return None
+    if device.type != "cuda":
+        return f"tensor peak held against {spec.mem_cap_bytes / 2**20:.0f} MiB (counted: a host allocation never fails)"
+    props = torch.cuda.get_device_properties(device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, spec.mem_cap_bytes / props.total_memory), device)
+    return (f"caching allocator capped at {spec.mem_cap_bytes / 2**30:.1f} GiB of this {props.name}'s "
+            f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction)")  # fmt: skip
 
 
 def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
     cuda = device.type == "cuda"
-    _cap(spec, device)
+    budget = _cap(spec, device)
     rss_base = memory.reset_peak_rss()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
@@ -136,6 +142,7 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
         last_loss=losses[-1],
         extra={
             **_extra(rank),
+            "memory_budget": budget,
             "compute_s": statistics.median(times),  # the step with collectives doing nothing
             "compute_min_s": min(times),
             "compute_max_s": max(times),
