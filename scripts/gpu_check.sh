@@ -1,49 +1,66 @@
 #!/usr/bin/env bash
-# Every GPU check of the project, in one run planned for under 8 minutes on one GPU (each step has
-# its own time limit; the peers take what the steps before them left of 460 s, each model's none
-# if under 90-100 s): the GPU tests (with the device-clock and pinned-buffer tests, which run for
-# real only here), `zerobench calibrate` of this GPU, then a micro-batch sweep of two presets
-# measured beside the performance model on the datasheet profile and on the calibrated one
-# (zerobench/checks/gpu_check.py), then ours beside PyTorch on this GPU (`zerobench peers --device
-# cuda`, docs/gpu-peers.md). Uses the machine's own python3 with PyTorch (no set-up, no network);
-# everything goes under $OUT/<device> (default results/gpu/<device>): versions, nvidia-smi, each
-# step's log, the profile, runs/ and compare.csv, peers/ (one CSV and figure per model, peers.log).
+# Every GPU check of the project, in one call of at most 8 minutes on one GPU (an H200 here). Each
+# part's budget is what the deadline leaves when it starts; the parts run most important first:
+#   1. the micro-batch sweep (zerobench/checks/gpu_check.py): dp-6b first, then gpt-1.5b, stages 0
+#      and 3, measured beside the performance model, eager (no compile); gate: dp-6b's
+#      micro-batch-1 peak allocated under 100 GB;
+#   2. the GPU tests (tests/gpu, with the device-clock and pinned-buffer tests that run for real only
+#      here; one of them compiles, the others run eager);
+#   3. the emulated ranks (zerobench/checks/gpu_emulated.py): dp-6b at N_d 8, stages 1-3, each
+#      rank's tensor peak against the trace (gate: equal), then the paper-scale emulated Fig 3 and
+#      Fig 6 under the V100's 32 GB, trial by trial while time is left;
+#   4. with time still left: `zerobench calibrate` of this GPU and the peers at gpt-1.5b.
+# Uses the machine's own python3 with PyTorch (no set-up, no network). Everything goes under
+# $OUT/<device> (default results/gpu/<device>). Exits 1 with a one-line summary when a test fails,
+# a trial errors or a gate fails; 0 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
-deadline=460  # seconds from the start: the peers take what the steps before them left of it
+deadline="${GPU_CHECK_DEADLINE_S:-450}"  # seconds from the start; 30 s of the 8 minutes kept for the copy back
 device=$("$py" -c 'import torch; print(torch.cuda.get_device_name(0).replace(" ", "-"))') || exit 1
 out="${OUT:-results/gpu}/$device"
 mkdir -p "$out"
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee "$out/versions.txt"
-timeout 120 "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_devices.py 2>&1 | tee "$out/tests.log"
-# calibrate's default passes (the median of 5 sweeps of each grid, docs/gpu.md; about a minute on an
-# H200); a single GPU has no group to time collectives in
-timeout 150 "$py" -m zerobench.cli calibrate --device cuda --out "$out/calibrated-cuda.json" 2>&1 \
-    | tee "$out/calibrate.log"
-timeout 270 "$py" -m zerobench.checks.gpu_check "$out" --budget-s 240 --profile "$out/calibrated-cuda.json" 2>&1 \
-    | tee "$out/sweep.log"
-# The peers, each in its own process, as the sweep's trials run: the plain PyTorch loop eager and
-# under torch.compile (compiled in its warm-up step), FSDP2 and ours at stages 0-3, at gpt-1.5b;
-# then, in the time left, ours-0 beside the plain loop, eager and compiled, at dp-6b (the sweep has
-# its stage 3). Micro-batch 16: the size the first H200 run compared compiled (docs/gpu-peers.md).
-peers=(--device cuda --precision bf16 --checkpoint-activations --micro-batch 16 --warmup 1 --steps 3)
-mkdir -p "$out/peers"
-skip() { echo "gpu_check: ${left} s left before the ${deadline} s deadline: no $1 peers"; }
-left=$((deadline - SECONDS))
-if [ "$left" -ge 100 ]; then
-    timeout $((left < 220 ? left : 220)) "$py" -m zerobench.cli peers --model gpt-1.5b "${peers[@]}" \
-        --out "$out/peers/gpt-1.5b.csv" --figure "$out/peers/gpt-1.5b.png" 2>&1
+failed=()
+left() { echo $((deadline - SECONDS)); }
+# share PCT of what is left, at most CAP seconds
+budget() { local l; l=$(left); l=$((l * $1 / 100)); echo $((l < $2 ? l : $2)); }
+
+# 1. the sweep: a third of the time
+sweep=$(budget 33 160)
+timeout $((sweep + 30)) "$py" -m zerobench.checks.gpu_check "$out" --budget-s "$sweep" 2>&1 | tee "$out/sweep.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("sweep: $(grep -h '^gpu_check: .* trials' "$out/sweep.log" | tail -1)")
+
+# 2. the GPU tests
+tests=$(budget 40 120)
+timeout "$tests" "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_devices.py 2>&1 | tee "$out/tests.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("tests: $(tail -1 "$out/tests.log")")
+
+# 3. the emulated ranks: what is left but the last 30 s
+emulated=$(($(left) - 30))
+if [ "$emulated" -ge 60 ]; then
+    "$py" -m zerobench.checks.gpu_emulated "$out/emulated" --deadline-s "$emulated" 2>&1 | tee "$out/emulated.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("emulated: $(tail -1 "$out/emulated.log")")
 else
-    skip gpt-1.5b
-fi | tee "$out/peers/peers.log"
-left=$((deadline - SECONDS))
-if [ "$left" -ge 90 ]; then
-    timeout "$left" "$py" -m zerobench.cli peers --model dp-6b "${peers[@]}" --impls ours-0,plain,plain-compile \
-        --out "$out/peers/dp-6b.csv" --figure "$out/peers/dp-6b.png" 2>&1
-else
-    skip dp-6b
-fi | tee -a "$out/peers/peers.log"
-echo "gpu_check: ${SECONDS} s in all" | tee -a "$out/peers/peers.log"
+    failed+=("emulated: not run, ${emulated} s left")
+fi
+
+# 4. only with time to spare (about a minute and a half each on an H200)
+if [ "$(left)" -ge 120 ]; then
+    timeout $(($(left) - 20)) "$py" -m zerobench.cli calibrate --device cuda --out "$out/calibrated-cuda.json" 2>&1 \
+        | tee "$out/calibrate.log"
+fi
+if [ "$(left)" -ge 120 ]; then
+    mkdir -p "$out/peers"
+    timeout $(($(left) - 20)) "$py" -m zerobench.cli peers --model gpt-1.5b --device cuda --precision bf16 \
+        --checkpoint-activations --micro-batch 16 --warmup 1 --steps 3 \
+        --out "$out/peers/gpt-1.5b.csv" --figure "$out/peers/gpt-1.5b.png" 2>&1 | tee "$out/peers/peers.log"
+fi
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu_check: FAILED after ${SECONDS} s — $(IFS='|'; echo "${failed[*]}")" | tee "$out/summary.txt"
+    exit 1
+fi
+echo "gpu_check: passed in ${SECONDS} s (sweep, tests, emulated; see $out)" | tee "$out/summary.txt"

@@ -20,14 +20,16 @@ SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
 
 
 def spec_for(
-    model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, device="cpu", **parallel
+    model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, device="cpu", compile="off", **parallel
 ) -> TrialSpec:
+    """A trial of the tests; eager unless `compile` says otherwise, so that a GPU test compiles
+    nothing cold (tests/gpu/test_emulated_gpu.py compiles, once)."""
     parallel.setdefault("bucket_bytes", SMALL_BUCKET)
     return TrialSpec(
         model=preset(model),
         parallel=ParallelConfig(**parallel),
         precision=PrecisionConfig(mode=precision, device=device),
-        train=TrainConfig(steps=steps, warmup=0, micro_batch=micro_batch, grad_accum=grad_accum),
+        train=TrainConfig(steps=steps, warmup=0, micro_batch=micro_batch, grad_accum=grad_accum, compile=compile),
     )
 
 

@@ -1,0 +1,120 @@
+"""The emulated part of the GPU check (scripts/gpu_check.sh): what one GPU can show of many ranks.
+
+1. dp-6b at N_d 8, stages 1-3, one rank emulated on the GPU (`zerobench emulate`), each beside the
+   trace of the same trial: the rank's counted tensor peak must equal the trace's exactly (a gate),
+   and the caching allocator's peak is set beside it (`emulated_peaks.csv`).
+2. The paper-scale emulated sheets, trial by trial while the deadline allows (Fig 3, then Fig 6:
+   workflows/config/sheets/*_emulated.yaml), each trial `zerobench emulate` in its own process;
+   each sheet's table and figure made from what ran (`<sheet>.csv`, `<sheet>.png`).
+
+Every trial runs in a process of its own, killed at the time left (a `timeout` row). Exits 1 when a
+trial errors or the gate fails, with a one-line summary; the numbers go under OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from zerobench import results
+from zerobench.checks.gpu_check import flags
+from zerobench.engine.fields import takes
+from zerobench.sweeps import sheets
+
+SHEETS = ("fig3_emulated", "fig6_emulated")
+RESERVE_S = 20.0  # seconds kept for the tables and figures after the last trial
+PEAKS = ("status", "error", "stage", "tensor_peak_bytes", "traced_peak_bytes", "peak_allocated_bytes",
+         "peak_reserved_bytes", "step_time_s", "compute_s", "collective_stall_s")  # fmt: skip
+
+
+def _cli(command: str, values: dict, out: Path, timeout: float) -> dict:
+    """`zerobench <command>` of trial `values` in its own process; its record, or a `timeout` row."""
+    cmd = [sys.executable, "-m", "zerobench.cli", command, *flags(values), "--out", str(out)]
+    try:
+        subprocess.run(cmd, timeout=max(1.0, timeout), check=False)
+    except subprocess.TimeoutExpired:
+        pass
+    if out.exists():
+        return results.read_record(out)
+    return {"status": "timeout", "error": f"no record after {timeout:.0f} s", **values}
+
+
+def peaks(out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device: str = "cuda") -> list[dict]:
+    """Part 1: each stage's emulated rank beside its trace (see above)."""
+    rows = []
+    for stage in (1, 2, 3):
+        values = {"model": model, "dp": dp, "stage": stage, "precision": "bf16", "checkpoint_activations": True,
+                  "micro_batch": 1}  # fmt: skip
+        trace = _cli("trace", values, out / f"traced-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
+        run = {**values, "device": device, "compile": "off", "steps": 2, "warmup": 1}
+        record = _cli("emulate", run, out / f"emulated-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
+        row = {k: record.get(k) for k in PEAKS}
+        row.update(stage=stage, traced_peak_bytes=trace.get("peak_allocated_bytes"))
+        row["equal"] = row["status"] == "ok" and row["tensor_peak_bytes"] == row["traced_peak_bytes"]
+        rows.append(row)
+        print(f"gpu_emulated: {model} N_d {dp} stage {stage}: {row['status']}, tensor peak "
+              f"{row['tensor_peak_bytes']} vs traced {row['traced_peak_bytes']}", flush=True)  # fmt: skip
+    return rows
+
+
+def sheet(name: str, out: Path, deadline: float, device: str | None = None) -> list[dict]:
+    """Part 2 for one sheet: its emulated trials while time is left, then its table and figure."""
+    from zerobench.artifacts.plots.draw import plot  # pandas and matplotlib: after the trials
+    from zerobench.artifacts.tables import build
+
+    path = Path(name) if name.endswith(".yaml") else sheets.SHEET_DIR / f"{name}.yaml"
+    spec, name = sheets.load_sheet(path), path.stem
+    runs = out / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    records, files = [], []
+    for trial in [t for group in sheets.sheet_trials(spec) for t in group if t["source"] == "emulated"]:
+        record_path = runs / f"{sheets.trial_id(trial)}.json"
+        left = deadline - time.monotonic() - RESERVE_S
+        if left < 30:
+            print(f"gpu_emulated: {name}: no time left for {record_path.stem}", flush=True)
+            continue
+        values = {k: v for k, v in trial.items() if k != "source" and takes("emulate", k)}
+        record = _cli("emulate", {**values, **({"device": device} if device else {})}, record_path, left)
+        records.append(record)
+        files.append(str(record_path))
+        print(f"gpu_emulated: {record_path.stem}: {record['status']} micro-batch {record.get('micro_batch')}, "
+              f"{record.get('tflops_per_gpu') or 0:.1f} TFLOPS", flush=True)  # fmt: skip
+    done = [f for f in files if Path(f).exists()]
+    if done:
+        table = spec["table"]
+        build(table, done, str(path)).to_csv(out / f"{name}.csv", index=False)
+        plot(table, out / f"{name}.csv", out / f"{name}.png", spec["title"])
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("out", type=Path)
+    p.add_argument("--deadline-s", type=float, default=240.0, help="seconds from now to stop starting trials")
+    p.add_argument("--sheets", default=",".join(SHEETS), help="emulated sheets to run, in order (comma-separated)")
+    p.add_argument("--model", default="dp-6b", help="part 1's model")
+    p.add_argument("--dp", type=int, default=8, help="part 1's N_d")
+    p.add_argument("--device", default="cuda", choices=("cpu", "cuda"), help="where the ranks run (cpu: tests)")
+    args = p.parse_args(argv)
+    import pandas as pd
+
+    deadline = time.monotonic() + args.deadline_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = peaks(args.out, deadline, args.model, args.dp, args.device)
+    pd.DataFrame(rows).to_csv(args.out / "emulated_peaks.csv", index=False)
+    records = [r for name in filter(None, args.sheets.split(",")) for r in sheet(name, args.out, deadline,
+                                                                                  args.device)]  # fmt: skip
+    errors = [r for r in [*rows, *records] if r["status"] == "error"]
+    unequal = [r["stage"] for r in rows if r["status"] == "ok" and not r["equal"]]
+    ok = sum(r["status"] == "ok" for r in records)
+    print(f"gpu_emulated: peaks {sum(r['equal'] for r in rows)}/{len(rows)} equal to the trace"
+          f"{f' (unequal at stages {unequal})' if unequal else ''}; sheets {ok} ok of {len(records)} run; "
+          f"{len(errors)} errors", flush=True)  # fmt: skip
+    return 1 if errors or unequal else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
