@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
-deadline="${GPU_CHECK_DEADLINE_S:-450}"  # seconds from the start; 30 s of the 8 minutes kept for the copy back
+deadline="${GPU_CHECK_DEADLINE_S:-460}"  # seconds from the start: 20 s of the 8 minutes kept for the copy back
 device=$("$py" -c 'import torch; print(torch.cuda.get_device_name(0).replace(" ", "-"))') || exit 1
 out="${OUT:-results/gpu}/$device"
 mkdir -p "$out"
@@ -28,13 +28,13 @@ left() { echo $((deadline - SECONDS)); }
 # share PCT of what is left, at most CAP seconds
 budget() { local l; l=$(left); l=$((l * $1 / 100)); echo $((l < $2 ? l : $2)); }
 
-# 1. the sweep: a third of the time
-sweep=$(budget 33 160)
+# 1. the sweep: a quarter of the time
+sweep=$(budget 25 120)
 timeout $((sweep + 30)) "$py" -m zerobench.checks.gpu_check "$out" --budget-s "$sweep" 2>&1 | tee "$out/sweep.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("sweep: $(grep -h '^gpu_check: .* trials' "$out/sweep.log" | tail -1)")
 
 # 2. the GPU tests
-tests=$(budget 40 120)
+tests=$(budget 30 90)
 timeout "$tests" "$py" -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_devices.py 2>&1 | tee "$out/tests.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("tests: $(tail -1 "$out/tests.log")")
 
