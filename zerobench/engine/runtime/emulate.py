@@ -55,7 +55,8 @@ def check(spec: TrialSpec, rank: int) -> torch.device:
 
 
 def emulate(spec: TrialSpec, rank: int = 0) -> dict:
-    """Rank `rank` of `spec`'s world: one counted step, then `warmup` and `steps` timed steps.
+    """Rank `rank` of `spec`'s world: `warmup` steps (the first counted; one even at 0), then
+    `steps` timed steps.
     Returns the record without step time (perfmodel/replay.py prices the collectives); out of
     memory is status `oom`, any other failure `error`."""
     device = check(spec, rank)
@@ -109,7 +110,10 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
                      f"{spec.mem_cap_bytes / 2**20:.1f} MiB")  # fmt: skip
             return spec.record("emulated", status="oom", error=error, extra=_extra(rank))
         log = StepLog(spec, 0, device)
-        train_steps(engine, spec, ctx, spec.train.warmup, 1, on_step=log)
+        # the counted step is the first warm-up step (the data a real run's step 0 takes), so the
+        # timed steps are a real run's: at N_d 1, its very losses
+        warmed = max(1, spec.train.warmup)
+        train_steps(engine, spec, ctx, warmed - 1, 1, on_step=log)
         comms.ledger.reset()  # the timed steps' traffic only
         timer, steps = StepTimer(device), []
 
@@ -121,7 +125,7 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
 
         timer.mark()
         comms.timeline.begin()
-        losses = train_steps(engine, spec, ctx, spec.train.steps, 1 + spec.train.warmup, on_step=timed)
+        losses = train_steps(engine, spec, ctx, spec.train.steps, warmed, on_step=timed)
         times = timer.times()
     peak_rss = memory.peak_rss_bytes()
     n = spec.train.steps
