@@ -232,7 +232,7 @@ def _write(out: Path, device: str, n: int, verdict: dict, rows: list, speed_rows
            "speed": speed_rows, "nccl": nccl}  # fmt: skip
     (out / "node_check.json").write_text(json.dumps(doc, indent=1) + "\n")
     if speed_rows:
-        import pandas as pd
+        import pandas as pd  # pandas only where there are speed rows to write (a GPU node)
 
         pd.DataFrame(speed_rows).to_csv(out / "speed.csv", index=False)
     for gate, v in verdict.items():
@@ -241,7 +241,7 @@ def _write(out: Path, device: str, n: int, verdict: dict, rows: list, speed_rows
 
 def trace(out: Path, n: int) -> None:
     """The trace of every speed trial (no process group may exist in this process)."""
-    from zerobench.engine.runtime.trace import trace_record
+    from zerobench.engine.runtime.trace import trace_record  # torch._dynamo's import (~6 s): the ranks need none
 
     (out / "traced").mkdir(parents=True, exist_ok=True)
     for model in SPEED_MODELS:
