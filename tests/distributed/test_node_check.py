@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.worlds import threaded
+from zerobench import results
 from zerobench.checks import node_check
 from zerobench.engine.parallel import topology
 from zerobench.perfmodel.engine_memory import NCCL_COMMUNICATOR_BYTES, communicators
@@ -101,3 +103,28 @@ def test_the_memory_model_counts_the_communicators_topology_makes(dp, mp):
 def test_layouts_add_mp_2_from_four_ranks():
     assert node_check.layouts(2) == [(2, 1)]
     assert node_check.layouts(8) == [(8, 1), (4, 2)]
+
+
+def test_a_speed_row_puts_the_ledger_beside_the_model_and_the_trace(monkeypatch, tmp_path):
+    seen = []
+
+    def measure(spec, ctx, device):
+        seen.append(spec)
+        comm = {
+            "all_gather/dp": {"seconds": 0.6},
+            "reduce_scatter/dp": {"seconds": 0.3},
+            "all_reduce/world": {"seconds": 9.0},
+        }
+        return {"status": "ok", "step_time_s": 0.5, "tflops_per_gpu": 100.0, "peak_allocated_bytes": 2e10,
+                "hardware": "h200-141gb", "comm": comm}  # fmt: skip
+
+    monkeypatch.setattr(node_check, "measure", measure)
+    results.write_record({"peak_allocated_bytes": 1.6e10}, tmp_path / "dp-6b-s3.json")
+    row = node_check.speed(None, node_check.speed_values("dp-6b", 3, 8), tmp_path, 8, torch.device("cpu"))
+    (spec,) = seen
+    assert (spec.parallel.dp, spec.parallel.stage, spec.train.steps, spec.train.compile) == (8, 3, 3, "off")
+    assert row["dp_comm_s"] == pytest.approx(0.3)  # the DP group's seconds per step, not the world's
+    assert row["traced_peak_bytes"] == 1.6e10 and row["hardware"] == "h200-141gb"
+    assert row["predicted_dp_comm_s"] > 0 and row["predicted_tflops_per_gpu"] > 0
+    untraced = node_check.speed(None, node_check.speed_values("gpt-1.5b", 0, 8), tmp_path, 8, torch.device("cpu"))
+    assert untraced["traced_peak_bytes"] is None

@@ -67,6 +67,7 @@ def test_measured_record_has_cuda_statistics_and_the_trace_bounds_its_peak(tmp_p
     states, the buckets in flight, activations and the step's temporaries, counted exactly) plus
     the allocator's slack (checks/node_check.py); and the trace is no loose bound: half the peak."""
     spec = spec_for("cpu-100m", "bf16", device="cuda", stage=2, steps=3, micro_batch=4)
+    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile="off"))  # eager, as traced
     traced = trace_record(spec)
     assert traced["status"] == "ok", traced["error"]
     r = run_trial(TrialSpec(**{**spec.__dict__, "out": str(tmp_path / "r.json")}))

@@ -70,9 +70,10 @@ def parity_spec(dp: int, mp: int, stage: int, device: str) -> TrialSpec:
 
 
 def speed_values(model: str, stage: int, n: int) -> dict:
-    """A speed trial's fields (engine/fields.py): bf16, activation checkpointing, micro-batch 4."""
+    """A speed trial's fields (engine/fields.py): bf16, activation checkpointing, micro-batch 4;
+    eager, as the trace runs it (a compiled block keeps other tensors than the traced one)."""
     return {"model": model, "stage": stage, "dp": n, "micro_batch": 4, "precision": "bf16", "device": "cuda",
-            "checkpoint_activations": True, "steps": 3, "warmup": 1}  # fmt: skip
+            "checkpoint_activations": True, "compile": "off", "steps": 3, "warmup": 1}  # fmt: skip
 
 
 def speed_spec(values: dict) -> TrialSpec:
@@ -142,6 +143,8 @@ def speed(ctx, values: dict, traced: Path, n: int, device: torch.device) -> dict
     """One speed trial measured (runtime/train.py's `measure`: the record `zerobench run` writes)
     beside the model on this node's profile and the trace of the same trial."""
     spec = speed_spec(values)
+    gc.collect()
+    torch.cuda.empty_cache()  # the last trial's blocks: each trial's peak is its own
     try:
         rec = measure(spec, ctx, device)
     except torch.OutOfMemoryError as exc:
@@ -205,8 +208,6 @@ def run(out: Path, device: str, gates: tuple[str, ...]) -> int:
               "ledger": [f for r in rows for f in r["ledger_failures"]]}  # fmt: skip
     speed_rows, base = [], ctxs[(n, 1)]
     if cuda:
-        gc.collect()
-        torch.cuda.empty_cache()
         trials = [speed_values(m, s, n) for m in SPEED_MODELS for s in range(4)]
         speed_rows = [speed(base, values, out / "traced", n, dev) for values in trials]
         # what the runs added outside the allocator: NCCL's buffers, which it connects lazily per
