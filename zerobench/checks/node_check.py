@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("trace needs --gpus")
         trace(args.out, args.gpus)
         return 0
+    if "WORLD_SIZE" not in os.environ:
+        p.error("run is one rank of a world: start it under torchrun (scripts/gpu_node_check.sh)")
     return run(args.out, args.device, gates)
 
 
