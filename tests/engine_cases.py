@@ -1,5 +1,5 @@
 """Training runs shared by the engine tests: the engine on one rank of a world, and the plain
-single-process reference it must match (torch.optim.Adam + clip_grad_norm_ on the global batch)."""
+single-process reference it must match (zerobench/checks/reference.py, shared with the node check)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import copy
 
 import torch
 
+from zerobench.checks.reference import reference_run, rel_err, whole_parameters  # noqa: F401 - the tests' import
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.parallel.tensor_parallel import gather_full
-from zerobench.engine.runtime.batches import SyntheticTokens
 from zerobench.engine.runtime.train import build_engine, train_steps
 from zerobench.engine.trial import TrialSpec
 
@@ -57,42 +55,6 @@ def engine_run(rank: int, spec: TrialSpec, probe=None) -> dict:
         "shard": layout.shard_numel,
         "buckets": len(layout.buckets),
     }
-
-
-def whole_parameters(engine, ctx) -> dict:
-    """The engine's parameters as the single-process model holds them: with MP, every rank's
-    slices gathered over its MP group."""
-    if ctx.mp.size == 1:
-        return engine.full_parameters()
-    return gather_full(engine.full_parameters(), engine.model, ctx.mp)
-
-
-def reference_run(spec: TrialSpec) -> dict:
-    """The same training in one process, plain PyTorch, fp32, whole global batch per step."""
-    t = spec.train
-    device = torch.device(spec.precision.device)
-    with device:
-        model = GPT(spec.model)
-    model.init_weights(t.seed)
-    opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
-    data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
-    losses = []
-    for step in range(t.steps):
-        tokens = data.global_batch(step, spec.global_batch).to(device)
-        opt.zero_grad()
-        loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-        opt.step()
-        losses.append(loss.item())
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "losses": losses}
-
-
-def rel_err(a: dict, b: dict) -> float:
-    """‖a − b‖ / ‖b‖ over all parameters together."""
-    va = torch.cat([a[k].reshape(-1).float().cpu() for k in sorted(b)])
-    vb = torch.cat([b[k].reshape(-1).float().cpu() for k in sorted(b)])
-    return float((va - vb).norm() / vb.norm())
 
 
 def clone(spec: TrialSpec, **changes) -> TrialSpec:

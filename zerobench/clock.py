@@ -1,5 +1,6 @@
-"""The one clock every measured second is read from: the ledger's seconds (parallel/comms.py), the
-step timer (runtime/devices.py) and calibrate's microbenchmarks (calibrate/).
+"""The one clock every measured second is read from: the step timer (runtime/devices.py),
+calibrate's microbenchmarks (calibrate/), and the marks the ledger's seconds come from
+(parallel/comms.py).
 
 A CUDA op returns to the host when it is queued, not when it has run, so a host clock read around
 it times the launch. On CUDA the clock therefore waits for the device's current stream before each
@@ -8,6 +9,13 @@ collective, or an asynchronous one once it has been waited for, which makes the 
 wait on it). Only the current stream is waited for: an asynchronous collective still in flight on
 its own stream is not charged to the read before it is waited for. On CPU every op has run when it
 returns, and the clock is `time.perf_counter` itself: nothing added to a CPU run's timings.
+
+The ledger's per-call seconds (parallel/comms.py) are read from marks instead, so that timing a
+collective never stops the host from running ahead of the device: `HostMarks` on a CPU (the
+perf_counter, read at once), `EventMarks` on CUDA (an event recorded on the current stream, read
+once it has run: no host wait). A call timed by events covers the same stretch of the stream as one
+timed by the synchronizing clock: from the end of the work queued before its first mark to the end
+of the work queued before its second (docs/gpu.md, "What a ledger call's seconds include").
 
 It sits on the ground floor (beside memory.py, whose peak-RSS helpers play the same role for
 bytes) so that parallel/comms.py, below runtime/, can read it.
@@ -44,10 +52,50 @@ def device_clock(
     return clock
 
 
-def tensor_clock(t: torch.Tensor, synchronize: Callable[[torch.device], None] = stream_sync) -> Callable[[], float]:
-    """`device_clock` of the device `t` is on, chosen per call in the ledger's hot path: `is_cuda`
-    is read in ~0.1 us where building the device and reading its type take ~1 us."""
-    return device_clock(t.device, synchronize) if t.is_cuda else time.perf_counter
+class HostMarks:
+    """Marks on the host clock (`time.perf_counter`), ready at once: on a CPU every op has run when
+    it returns, so the seconds between two marks are the work between them."""
+
+    def mark(self, device: torch.device) -> float:
+        return time.perf_counter()
+
+    def ready(self, end) -> bool:
+        return True
+
+    def seconds(self, start, end) -> float:
+        return end - start
+
+
+class EventMarks:
+    """Marks on a CUDA device's current stream: a timing event recorded there (`torch.cuda.Event`,
+    `enable_timing=True`), which the host does not wait for. The seconds between two marks are the
+    device's own timestamps (`Event.elapsed_time`, in ms), readable once the end mark has run
+    (`ready`: `Event.query()`, no wait); `seconds` waits for that event alone when it has not.
+    `event` and `stream` are the seams tests inject (a simulated stream on a host without CUDA)."""
+
+    def __init__(self, event=None, stream: Callable[[torch.device], object] | None = None):
+        self.event, self.stream = event, stream
+
+    def mark(self, device: torch.device):
+        e = (self.event or torch.cuda.Event)(enable_timing=True)
+        e.record((self.stream or torch.cuda.current_stream)(device))
+        return e
+
+    def ready(self, end) -> bool:
+        return end.query()
+
+    def seconds(self, start, end) -> float:
+        end.synchronize()  # elapsed_time needs both events done; start ran before end on the stream
+        return start.elapsed_time(end) / 1e3
+
+
+HOST_MARKS, CUDA_MARKS = HostMarks(), EventMarks()
+
+
+def tensor_marks(t: torch.Tensor) -> HostMarks | EventMarks:
+    """The marks that time work on `t`'s device: events on CUDA, the host clock anywhere else
+    (`is_cuda`: read in ~0.1 us, in the ledger's hot path)."""
+    return CUDA_MARKS if t.is_cuda else HOST_MARKS
 
 
 def windowed_median(fn: Callable[[], object], clock: Callable[[], float], window_s: float, reps: int) -> float:

@@ -1,6 +1,7 @@
-"""The GPU path (NCCL, CUDA memory statistics, 16-bit compute). Skipped without CUDA; run by
-scripts/gpu_check.sh on a GPU machine."""
+"""The GPU path (NCCL, CUDA memory statistics, 16-bit compute, fp16's loss scaler, the ledger's
+timing events). Skipped without CUDA; run by scripts/gpu_check.sh on a GPU machine."""
 
+import dataclasses
 import time
 
 import pytest
@@ -8,8 +9,15 @@ import torch
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
 from tests.unit.test_bf16_storage import loss_deviation
-from zerobench.clock import device_clock
+from zerobench.checks.node_check import PEAK_RTOL, PEAK_SLACK_BYTES
+from zerobench.clock import EventMarks, device_clock
+from zerobench.engine.config import PrecisionConfig
+from zerobench.engine.parallel import topology
+from zerobench.engine.parallel.comms import Comms, Ledger
+from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
 from zerobench.engine.runtime.launch import run_trial
+from zerobench.engine.runtime.trace import trace_record
+from zerobench.engine.runtime.train import build_engine, train_steps
 from zerobench.engine.trial import TrialSpec
 
 pytestmark = [
@@ -54,16 +62,73 @@ def test_bf16_compute_tracks_fp32():
     assert share < 0.25
 
 
-def test_measured_record_has_cuda_statistics(tmp_path):
-    spec = TrialSpec(
-        **{**spec_for("cpu-10m", "bf16", device="cuda", stage=2, steps=3).__dict__, "out": str(tmp_path / "r.json")}
-    )
-    r = run_trial(spec)
+def test_measured_record_has_cuda_statistics_and_the_trace_bounds_its_peak(tmp_path):
+    """The peak allocated is at most the trace of the same trial (engine/runtime/trace.py: model
+    states, the buckets in flight, activations and the step's temporaries, counted exactly) plus
+    the allocator's slack (checks/node_check.py); and the trace is no loose bound: half the peak."""
+    spec = spec_for("cpu-100m", "bf16", device="cuda", stage=2, steps=3, micro_batch=4)
+    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile="off"))  # eager, as traced
+    traced = trace_record(spec)
+    assert traced["status"] == "ok", traced["error"]
+    r = run_trial(TrialSpec(**{**spec.__dict__, "out": str(tmp_path / "r.json")}))
     assert r["status"] == "ok", r["error"]
-    assert r["peak_allocated_bytes"] > r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+    states = r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+    assert states == traced["param_bytes"] + traced["grad_bytes"] + traced["optimizer_bytes"]
+    bound = traced["peak_allocated_bytes"]
+    assert states < r["peak_allocated_bytes"] <= bound * (1 + PEAK_RTOL) + PEAK_SLACK_BYTES
+    assert r["peak_allocated_bytes"] > bound / 2
     assert r["peak_reserved_bytes"] >= r["peak_allocated_bytes"]
     assert r["fragmentation_bytes"] == r["peak_reserved_bytes"] - r["peak_allocated_bytes"]
     assert r["tflops_per_gpu"] > 0 and r["step_time_s"] > 0
+
+
+def test_fp16_trains_and_an_overflow_skips_the_step():
+    """fp16 with the dynamic loss scaler tracks fp32 over clean steps (no step skipped: the scale
+    stays); a loss scaled up 10^6 overflows the fp16 gradients: the step is skipped, the scale
+    halves, the parameters, Adam's moments and step count stay; the next step is clean."""
+    base = spec_for("cpu-10m", device="cuda", stage=2, steps=4)
+    fp16 = dataclasses.replace(base, precision=PrecisionConfig(mode="fp16", device="cuda", initial_loss_scale=1024.0))
+    device, ctx = torch.device("cuda"), topology.single_process()
+    engine = build_engine(fp16, ctx, Comms(), device)
+    losses = train_steps(engine, fp16, ctx, fp16.train.steps)
+    assert engine.scaler.scale == 1024.0  # no overflow: every step was taken
+    rel, share = loss_deviation(engine_run(0, base)["losses"], losses)
+    assert rel < 5e-3 and share < 0.25  # fp16 keeps 11 significant bits, more than bf16's 8
+    opt = engine.optimizer
+    states = lambda: [t.clone() for t in (opt.master_flat, opt.exp_avg_flat, opt.exp_avg_sq_flat)]  # noqa: E731
+    before = (engine.full_parameters(), states(), float(opt.steps[0]))
+    tokens = SyntheticTokens(fp16.model.vocab, fp16.model.seq, 0).global_batch(99, fp16.global_batch).to(device)
+    (x, y), *_ = micro_batches(tokens, 1, 1, 0)
+    engine.backward(engine.model(x, y) * 1e6)
+    assert engine.step() is False
+    after = (engine.full_parameters(), states(), float(opt.steps[0]))
+    assert engine.scaler.scale == 512.0
+    assert after[2] == before[2] == fp16.train.steps
+    assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    assert all(torch.equal(a, b) for a, b in zip(before[1], after[1]))
+    engine.backward(engine.model(x, y))
+    assert engine.step() is True
+
+
+def test_ledger_events_time_the_work_not_its_launch():
+    """The ledger's CUDA marks: the host runs ahead of a queued spin (its seconds still pending),
+    and once read they are the spin's, not its launch; a host copy through Comms is timed by them."""
+    marks, ledger, cycles = EventMarks(), Ledger(), 10**8  # a spin of ~50-100 ms at 1-2 GHz
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda._sleep(1000)  # the first kernel's set-up, outside the timings
+    t0 = time.perf_counter()
+    start = marks.mark(cuda)
+    torch.cuda._sleep(cycles)
+    ledger.charge(ledger.record("all_reduce", "dp", 1, 4, 2), marks, start, marks.mark(cuda))
+    launch = time.perf_counter() - t0
+    assert len(ledger._pending) == 1  # the spin is still running: nothing read, nothing waited
+    work = ledger.entries[("all_reduce", "dp")].seconds
+    assert work > 0.02 and launch < work / 10, (work, launch)
+    comms = Comms()
+    assert isinstance(comms._watch(torch.empty(1, device=cuda)).marks, EventMarks)
+    comms.copy(torch.empty(2**20, device=cuda), torch.ones(2**20), "copy_to_device")
+    entry = comms.ledger.entries[("copy_to_device", "host")]
+    assert entry.seconds > 0 and entry.bytes == 4 * 2**20 and not comms.ledger._pending
 
 
 def test_oversized_batch_is_an_oom_record(tmp_path):

@@ -1,17 +1,15 @@
 """The GPU path's device-independent logic, on CPU: the device clock (zerobench/clock.py) and what
-reads it (the ledger's seconds, StepTimer, calibrate's timings) with a stand-in CUDA stream
-injected as the clock's synchronize; the Adam path a GPU runs (single-tensor) against
+reads it (StepTimer, calibrate's timings) with a stand-in CUDA stream injected as the clock's
+synchronize (the ledger's seconds: tests/unit/test_comms_timing.py); the Adam path a GPU runs (single-tensor) against
 torch.optim.Adam; pinned host buffers where the host has them; gpu_check's prediction."""
 
 from __future__ import annotations
 
 import functools
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.optim.adam import adam as torch_adam
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -21,8 +19,6 @@ from zerobench.cli import parser
 from zerobench.clock import device_clock
 from zerobench.engine.config import ModelConfig, TrainConfig
 from zerobench.engine.model import GPT
-from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.parallel.topology import Group
 from zerobench.engine.runtime.devices import StepTimer
 from zerobench.engine.trial import configs
 from zerobench.engine.zero import optimizer
@@ -31,7 +27,7 @@ from zerobench.perfmodel import model_record
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
-COMPUTE, TRANSFER = 0.2, 0.05  # seconds of stand-in device work: queued compute, a collective
+TRANSFER = 0.05  # seconds of stand-in device work queued
 
 
 class Stream:
@@ -83,80 +79,6 @@ def test_step_timer_reads_the_device_clock_once_per_mark():
     cpu = StepTimer(torch.device("cpu"), stream.synchronize)
     cpu.mark(), cpu.mark()
     assert len(cpu.times()) == 1 and len(stream.syncs) == 4  # nothing added on CPU
-
-
-class _Work:
-    """An asynchronous collective's handle: waiting makes the current stream wait for the rest of
-    the transfer (as NCCL's does), the host does not block."""
-
-    def __init__(self, stream: Stream):
-        self.stream = stream
-
-    def wait(self) -> None:
-        self.stream.queue(TRANSFER)
-
-
-def _fake_all_reduce(monkeypatch, stream: Stream) -> None:
-    def all_reduce(t, op, group, async_op):
-        if async_op:
-            return _Work(stream)
-        stream.queue(TRANSFER)
-        return None
-
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
-
-
-def _cuda_tensor(numel: int = 1024) -> SimpleNamespace:
-    return SimpleNamespace(device=CUDA, is_cuda=True, numel=lambda: numel, element_size=lambda: 4)
-
-
-def test_ledger_seconds_are_the_transfer_not_the_compute_before_it(monkeypatch):
-    stream = Stream()
-    _fake_all_reduce(monkeypatch, stream)
-    comms, group = Comms(synchronize=stream.synchronize), Group("dp", 2, 0)
-    stream.queue(COMPUTE)  # the backward before the call: drained before the clock starts
-    comms.all_reduce(_cuda_tensor(), group)
-    entry = comms.ledger.entries[("all_reduce", "dp")]
-    assert len(stream.syncs) == 2
-    assert TRANSFER <= entry.seconds < COMPUTE
-    assert (entry.calls, entry.bytes, entry.volume_bytes) == (1, 4096, 4096.0)  # 2N(n-1)/n at n = 2
-
-
-def test_async_ledger_seconds_are_the_wait_beyond_the_overlapped_compute(monkeypatch):
-    stream = Stream()
-    _fake_all_reduce(monkeypatch, stream)
-    comms, group = Comms(synchronize=stream.synchronize), Group("dp", 2, 0)
-    handle = comms.all_reduce(_cuda_tensor(), group, async_op=True)
-    assert stream.syncs == []  # the issue does not stall the host
-    stream.queue(COMPUTE)  # compute overlapping the collective
-    handle.wait()
-    assert len(stream.syncs) == 2
-    assert TRANSFER <= comms.ledger.entries[("all_reduce", "dp")].seconds < COMPUTE
-
-
-def test_ledger_on_cpu_never_synchronizes(monkeypatch):
-    stream = Stream()
-    _fake_all_reduce(monkeypatch, stream)
-    comms, group = Comms(synchronize=stream.synchronize), Group("dp", 2, 0)
-    comms.all_reduce(torch.ones(8), group)
-    comms.all_reduce(torch.ones(8), group, async_op=True).wait()
-    comms.copy(torch.empty(8), torch.ones(8), "copy_to_host")
-    assert stream.syncs == []
-    assert comms.ledger.entries[("all_reduce", "dp")].calls == 2
-
-
-@pytest.mark.parametrize("op", ["copy_to_host", "copy_to_device"])
-def test_host_copies_are_timed_on_the_devices_clock(op):
-    stream = Stream()
-    comms = Comms(synchronize=stream.synchronize)
-    host = SimpleNamespace(device=torch.device("cpu"), is_cuda=False, numel=lambda: 256, element_size=lambda: 2,
-                           copy_=lambda src: stream.queue(TRANSFER))  # fmt: skip
-    device = SimpleNamespace(**{**vars(_cuda_tensor(256)), "copy_": lambda src: stream.queue(TRANSFER)})
-    dst, src = (host, device) if op == "copy_to_host" else (device, host)
-    comms.copy(dst, src, op)
-    assert stream.syncs == [CUDA, CUDA]
-    entry = comms.ledger.entries[(op, "host")]
-    assert entry.seconds >= TRANSFER and entry.bytes == 256 * src.element_size()
 
 
 def test_calibrate_times_each_call_with_its_work(monkeypatch):

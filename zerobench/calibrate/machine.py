@@ -108,7 +108,7 @@ def _collective_worker(rank: int, size: int, init: str, device: str, out: str) -
             dist.barrier()
             times = []
             for _ in range(COLLECTIVE_CALLS):  # a fixed count: every rank must issue the same calls
-                t0 = clock()  # on CUDA: the transfer, not its launch (Comms waits for its stream too, as in a step)
+                t0 = clock()  # on CUDA: the transfer, not its launch
                 calls[op]()
                 times.append(clock() - t0)
             entry = comms.ledger.entries[(op, "calibrate")]

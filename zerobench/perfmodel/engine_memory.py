@@ -43,6 +43,12 @@ from zerobench.perfmodel.profile import HardwareProfile
 from zerobench.stages import rule
 
 FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype (config.PrecisionConfig), the loss's and Adam's
+# NCCL's own device memory per communicator, outside the caching allocator: its FIFOs (NCCL_BUFFSIZE,
+# 4 MiB by default, per channel and peer for each protocol; up to 32 channels on NVLink) and, on an
+# NVSwitch node with NVLink SHARP, NVLS's buffers. An allowance, not a measurement: 544-688 MB per
+# communicator on 4 NVLink A100s (NVIDIA/nccl#964), over 1 GB on H100/H200 nodes with NVLS
+# (NVIDIA/nccl#864). scripts/gpu_node_check.sh measures it on its node (docs/gpu.md).
+NCCL_COMMUNICATOR_BYTES = 2**30
 
 
 def compute_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
@@ -61,8 +67,8 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
                 hw: HardwareProfile) -> dict[str, float]:  # fmt: skip
     """Bytes per rank by category: param, grad, optimizer; activations (kept through backward),
     loss (the logits' buffers beside them), recompute (one block rebuilt with its gradients),
-    embedding_grads and buckets (end of backward), step (one piece's fp32 gradient), runtime.
-    `tensor_peak` combines them."""
+    embedding_grads and buckets (end of backward), step (one piece's fp32 gradient), runtime, nccl
+    (NCCL's communicators on a GPU, outside the allocator). `tensor_peak` combines the tensors."""
     mp, t, h = parallel.mp, micro_batch * model.seq, model.hidden
     act = compute_bytes(precision, hw)
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
@@ -103,7 +109,17 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
         "prefetch": prefetch,
         "step": FP32 * piece,
         "runtime": hw.runtime_bytes + (hw.checkpoint_runtime_bytes if parallel.checkpoint_activations else 0.0),
+        "nccl": 0.0 if hw.ranks_share_compute else communicators(parallel.dp, mp) * NCCL_COMMUNICATOR_BYTES,
     }
+
+
+def communicators(dp: int, mp: int) -> int:
+    """The communicators a rank of a dp × mp layout makes (parallel/topology.py): WORLD, which is
+    also the DP group at mp 1 and the MP group at dp 1, and where both exceed 1 its DP and MP groups;
+    none alone. Each holds NCCL's buffers on a GPU (`NCCL_COMMUNICATOR_BYTES`); gloo on a CPU host."""
+    if dp * mp == 1:
+        return 0
+    return 3 if dp > 1 and mp > 1 else 1
 
 
 def tensor_peak(peak: dict[str, float]) -> float:

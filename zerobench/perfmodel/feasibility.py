@@ -148,6 +148,7 @@ def breakdown(
         parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
         states = sum(parts.values())
         usable = hw.memory_bytes if hw.ranks_share_compute else usable_bytes(hw, cal, parallel.contiguous_buffers)
+        usable -= peak["nccl"]  # NCCL's buffers: the card's, not the allocator's (engine_memory.communicators)
         return MemoryBreakdown(
             **parts, checkpoint_bytes=peak["activations"],
             working_bytes=tensor_peak(peak) - states - peak["activations"],

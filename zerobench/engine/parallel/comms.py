@@ -1,6 +1,13 @@
 """The only place collectives are issued. A ledger counts, per op and group, the calls, the
 message elements and bytes, the per-rank volume moved by the ring algorithm, and the seconds.
 
+Seconds come from marks on the tensor's device (zerobench/clock.py): the host clock on CPU, read
+at once; on CUDA timing events recorded on the current stream, read when they have run (at the
+latest when the ledger is read), so timing a call never makes the host wait for the device. A
+synchronous call is charged from the end of the work queued before it to the end of the
+collective; an asynchronous one at its `wait()`, from the end of the work queued before the wait
+to the end of the collective: what the rank waited beyond the overlapped compute (docs/gpu.md).
+
 Volume convention (paper §7, paper.md §1.4), per rank, for a message of N elements over n ranks:
 all-reduce 2N(n−1)/n, reduce-scatter N(n−1)/n (N = the full input), all-gather N(n−1)/n (N = the
 full output), broadcast N. Groups of one issue nothing and count nothing.
@@ -8,21 +15,25 @@ full output), broadcast N. Groups of one issue nothing and count nothing.
 On gloo, reduce-scatter and all-gather of contiguous tensors are issued as a pairwise exchange:
 each rank sends chunk j to rank j (isend/irecv) and sums or places what it receives. Every rank
 sends and receives exactly the (n−1)/n·N elements the ring moves, so the ledger is unchanged, but
-gloo's own reduce_scatter_tensor / all_gather_into_tensor stage the data through per-rank tensor
+gloo's own reduce_scatter_single / all_gather_single stage the data through per-rank tensor
 lists, an extra copy of every chunk at equal bytes (docs/engine-measurements.md has the timings).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable
+from collections import defaultdict, deque
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
-from zerobench.clock import stream_sync, tensor_clock
+from zerobench.clock import EventMarks, HostMarks, tensor_marks
 from zerobench.engine.parallel.topology import Group
+
+# torch 2.13 renamed the single-tensor collectives (the old names warn, FutureWarning); torch 2.11
+# has only the old ones. Decided here, once: same arguments in both.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 _RING_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -41,15 +52,25 @@ class Entry:
     bytes: int = 0
     volume_elements: float = 0.0  # per-rank ring volume
     volume_bytes: float = 0.0
-    seconds: float = 0.0  # time in the call (sync) or waiting for it (async), on the device clock
+    seconds: float = 0.0  # time in the call (sync) or waiting for it (async), on the device's marks
 
 
 class Ledger:
+    """Entries per (op, group). Seconds between marks not yet run (CUDA events) wait in `_pending`
+    and are added in call order as they complete; reading `entries` or `as_dict()` adds the rest
+    (waiting for those events only)."""
+
     def __init__(self):
-        self.entries: dict[tuple[str, str], Entry] = defaultdict(Entry)
+        self._entries: dict[tuple[str, str], Entry] = defaultdict(Entry)
+        self._pending: deque = deque()  # (entry, marks, start, end), in charge order
+
+    @property
+    def entries(self) -> dict[tuple[str, str], Entry]:
+        self.settle()
+        return self._entries
 
     def record(self, op: str, group: str, numel: int, elem_bytes: int, group_size: int) -> Entry:
-        e = self.entries[(op, group)]
+        e = self._entries[(op, group)]
         factor = _RING_FACTOR[op](group_size)
         e.calls += 1
         e.elements += numel
@@ -58,25 +79,58 @@ class Ledger:
         e.volume_bytes += numel * elem_bytes * factor
         return e
 
+    def charge(self, entry: Entry, marks, start, end) -> None:
+        """Add the seconds from mark `start` to mark `end` to `entry`: now if every earlier charge
+        has been added and `end` has run (always, on the host clock), else once it has."""
+        self._pending.append((entry, marks, start, end))
+        self.settle(wait=False)
+
+    def settle(self, wait: bool = True) -> None:
+        """Add the pending seconds in charge order; without `wait`, only up to the first whose end
+        mark has not run yet."""
+        while self._pending:
+            entry, marks, start, end = self._pending[0]
+            if not wait and not marks.ready(end):
+                return
+            entry.seconds += marks.seconds(start, end)
+            self._pending.popleft()
+
     def reset(self) -> None:
-        self.entries.clear()
+        self._pending.clear()  # seconds of calls before the reset are not this ledger's any more
+        self._entries.clear()
 
     def as_dict(self) -> dict:
         return {f"{op}/{g}": asdict(e) for (op, g), e in sorted(self.entries.items())}
 
 
-class Handle:
-    """An in-flight collective; `wait()` charges the waiting time to its ledger entry, read on
-    `clock` (on CUDA: from when this rank's queued compute is done until the collective is)."""
+@dataclass(frozen=True)
+class Stopwatch:
+    """Times calls on one device's marks into one ledger."""
 
-    def __init__(self, work, entry: Entry | None, clock: Callable[[], float] | None = None):
-        self.work, self.entry, self.clock = work, entry, clock
+    ledger: Ledger
+    marks: HostMarks | EventMarks
+    device: torch.device
+
+    def start(self):
+        return self.marks.mark(self.device)
+
+    def stop(self, entry: Entry, start) -> None:
+        self.ledger.charge(entry, self.marks, start, self.marks.mark(self.device))
+
+
+class Handle:
+    """An in-flight collective; `wait()` charges the waiting time to its ledger entry on `watch`
+    (from the end of this rank's work queued before the wait to the end of the collective).
+    `Handle(None, entry)`: nothing in flight, nothing to charge."""
+
+    def __init__(self, work, entry: Entry | None, watch: Stopwatch | None = None):
+        self.work, self.entry, self.watch = work, entry, watch
 
     def wait(self) -> None:
         if self.work is not None:
-            t0 = self.clock()
+            start = self.watch.start()
             self.work.wait()
-            self.entry.seconds += self.clock() - t0
+            self.watch.stop(self.entry, start)
             self.work = None
 
 
@@ -135,27 +189,29 @@ def _all_gather_pairwise(out: torch.Tensor, inp: torch.Tensor, group: Group) -> 
 
 
 class Comms:
-    """Collectives over explicit groups, each one counted in `self.ledger`; its seconds are read
-    on the clock of the tensor's device (zerobench/clock.py): on CUDA the current stream is
-    waited for before and after a synchronous call, so the seconds are the transfer, not its
-    launch. `synchronize`: see `device_clock`."""
+    """Collectives over explicit groups, each one counted in `self.ledger`, its seconds read on the
+    marks of the tensor's device (the module docstring). `marks`: the marks every call is timed
+    on, whatever its device (the seam tests inject); by default `clock.tensor_marks`."""
 
-    def __init__(self, ledger: Ledger | None = None, synchronize: Callable[[torch.device], None] = stream_sync):
+    def __init__(self, ledger: Ledger | None = None, marks: HostMarks | EventMarks | None = None):
         self.ledger = ledger or Ledger()
-        self.synchronize = synchronize
+        self.marks = marks
+
+    def _watch(self, t: torch.Tensor) -> Stopwatch:
+        return Stopwatch(self.ledger, self.marks or tensor_marks(t), t.device)
 
     def _issue(self, op: str, group: Group, numel: int, t: torch.Tensor, fn, async_op: bool):
         if group.size == 1:
             return Handle(None, None)
         entry = self.ledger.record(op, group.name, numel, t.element_size(), group.size)
-        clock = tensor_clock(t, self.synchronize)
-        if async_op:  # no clock read at the issue: on CUDA it would stall the host until compute is done
-            return Handle(fn(True), entry, clock)
-        t0 = clock()
+        watch = self._watch(t)
+        if async_op:  # no mark at the issue: the wait is what an asynchronous call is charged
+            return Handle(fn(True), entry, watch)
+        start = watch.start()
         work = fn(False)
         if work is not None:  # a pairwise exchange is asynchronous underneath
             work.wait()
-        entry.seconds += clock() - t0
+        watch.stop(entry, start)
         return Handle(None, entry)
 
     def all_reduce(self, t: torch.Tensor, group: Group, op=dist.ReduceOp.SUM, async_op=False) -> Handle:
@@ -194,10 +250,10 @@ class Comms:
         if op not in ("copy_to_host", "copy_to_device"):
             raise ValueError(f"op={op!r}: must be copy_to_host or copy_to_device")
         entry = self.ledger.record(op, "host", src.numel(), src.element_size(), 1)
-        clock = tensor_clock(src if op == "copy_to_host" else dst, self.synchronize)
-        t0 = clock()
+        watch = self._watch(src if op == "copy_to_host" else dst)
+        start = watch.start()
         dst.copy_(src)
-        entry.seconds += clock() - t0
+        watch.stop(entry, start)
 
     def broadcast(self, t: torch.Tensor, src_rank_in_group: int, group: Group) -> Handle:
         src = dist.get_global_rank(group.pg, src_rank_in_group) if group.size > 1 else 0
@@ -206,6 +262,6 @@ class Comms:
 
 # op -> (the pairwise exchange, torch.distributed's collective)
 _EXCHANGES = {
-    "reduce_scatter": (_reduce_scatter_pairwise, dist.reduce_scatter_tensor),
-    "all_gather": (_all_gather_pairwise, dist.all_gather_into_tensor),
+    "reduce_scatter": (_reduce_scatter_pairwise, _REDUCE_SCATTER),
+    "all_gather": (_all_gather_pairwise, _ALL_GATHER),
 }

@@ -37,7 +37,8 @@ def single_process() -> ParallelContext:
 
 def build(dp: int, mp: int, timeout: timedelta | None = None) -> ParallelContext:
     """Create the groups of a dp × mp world; every rank must call this (new_group is collective).
-    `timeout` bounds how long a collective on these groups may wait (torch's default otherwise)."""
+    `timeout` bounds how long a collective on the groups made here may wait (torch's default
+    otherwise); a group of the whole world is WORLD, whose timeout init_process_group set."""
     if not dist.is_initialized():
         if dp * mp != 1:
             raise RuntimeError(f"dp × mp = {dp * mp} ranks requested but torch.distributed is not initialized")
@@ -53,11 +54,22 @@ def build(dp: int, mp: int, timeout: timedelta | None = None) -> ParallelContext
     }
     for name, rank_lists in layouts.items():
         for ranks in rank_lists:
-            pg = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
+            pg = _process_group(ranks, world_size, timeout)
             if rank in ranks:
                 mine[name] = Group(name, len(ranks), ranks.index(rank), pg)
     world = Group("world", world_size, rank, dist.group.WORLD if world_size > 1 else None)
     return ParallelContext(dp=mine["dp"], mp=mine["mp"], world=world)
+
+
+def _process_group(ranks: list[int], world_size: int, timeout: timedelta | None):
+    """The process group of `ranks`: None for one rank; WORLD itself when they are the whole world
+    (the DP group at mp 1, the MP group at dp 1), since each group is a communicator of its own
+    under NCCL, with its own buffers (perfmodel/engine_memory.py, `communicators`)."""
+    if len(ranks) == 1:
+        return None
+    if len(ranks) == world_size:
+        return dist.group.WORLD
+    return dist.new_group(ranks, timeout=timeout)
 
 
 def leave_together() -> None:
