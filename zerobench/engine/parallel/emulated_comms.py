@@ -21,43 +21,37 @@ The losses are therefore not the model's losses; the record says so.
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 
+from zerobench.clock import CUDA_MARKS, HOST_MARKS
 from zerobench.engine.parallel.comms import Comms, Handle
 from zerobench.engine.parallel.topology import Group
 
 
 class Timeline:
-    """Marks on the device clock, per step: on CUDA an event recorded on the current stream (read
-    once the step is done, so no mark stalls the host), elsewhere `time.perf_counter`."""
+    """Each step's calls with their marks on the device clock (zerobench/clock.py: on CUDA an event
+    recorded on the current stream, read once the step is done, so no mark stalls the host; on a
+    CPU `time.perf_counter`)."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = device
+        self.marks = CUDA_MARKS if device.type == "cuda" else HOST_MARKS
         self.calls: list[list] = []  # [op, group name, bytes, issue mark, wait mark]
         self.start = self.mark()
 
     def mark(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def _since_start(self, m) -> float:
-        return m - self.start if not self.cuda else self.start.elapsed_time(m) / 1e3  # ms -> s
+        return self.marks.mark(self.device)
 
     def begin(self) -> None:
         """A new step starts now: the calls noted so far are dropped."""
         self.calls, self.start = [], self.mark()
 
     def read(self) -> list[dict]:
-        """The step's calls, seconds from its start (the device must have finished the step: the
-        step timer's mark on CUDA waits for it)."""
+        """The step's calls, seconds from its start."""
+        since = self.marks.seconds
         return [
-            {"op": op, "group": g, "bytes": n, "issue_s": self._since_start(i), "wait_s": self._since_start(w)}
+            {"op": op, "group": g, "bytes": n, "issue_s": since(self.start, i), "wait_s": since(self.start, w)}
             for op, g, n, i, w in self.calls
         ]
 
