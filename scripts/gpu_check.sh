@@ -59,6 +59,10 @@ if [ "$(left)" -ge 120 ]; then
         --out "$out/peers/gpt-1.5b.csv" --figure "$out/peers/gpt-1.5b.png" 2>&1 | tee "$out/peers/peers.log"
 fi
 
+# a node of several GPUs: the node check is its own call (scripts/gpu_node_check.sh, docs/gpu.md)
+gpus=$("$py" -c 'import torch; print(torch.cuda.device_count())')
+[ "$gpus" -lt 2 ] || echo "gpu_check: $gpus GPUs here: run scripts/gpu_node_check.sh $gpus next (its own call)"
+
 if [ ${#failed[@]} -gt 0 ]; then
     echo "gpu_check: FAILED after ${SECONDS} s — $(IFS='|'; echo "${failed[*]}")" | tee "$out/summary.txt"
     exit 1
