@@ -55,10 +55,10 @@ def test_a_step_of_the_wrong_size_fails_naming_both_sizes(tmp_path):
     assert "SLURM step has 3 tasks but the trial's world size (dp x mp) is 2" in out
 
 
-def _run_trial_jobs(dry_run: str) -> list[tuple[dict, str]]:
-    """(resources, shell command) of every run_trial job in a `snakemake -n -p` listing."""
+def _run_trial_jobs(dry_run: str, rule: str = "run_trial") -> list[tuple[dict, str]]:
+    """(resources, shell command) of every `rule` job in a `snakemake -n -p` listing."""
     jobs = []
-    for block in dry_run.split("rule run_trial:")[1:]:
+    for block in dry_run.split(f"rule {rule}:")[1:]:
         resources = dict(
             item.split("=", 1) for item in re.search(r"resources: (.*)", block).group(1).split(", ") if "=" in item
         )
@@ -130,6 +130,22 @@ SHEET = {
          "hardware": "v100-32gb-dgx2"}},
     ],
 }  # fmt: skip
+
+
+def test_slurm_gpu_profile_plans_the_emulated_paper_sheets_one_gpu_each(tmp_path):
+    """The paper-scale emulated sheets (one rank of 64-400 GPUs each): every trial one job on one GPU,
+    whatever its world's size, started once (no srun), on cuda under the V100's 32 GB."""
+    repo = _copy_workflow(tmp_path / "repo")
+    sheets = "[fig3_emulated,fig6_emulated,fig7_emulated,fig8_emulated]"
+    out = snakemake("-n", "-p", "--workflow-profile", "workflows/profiles/slurm", "--config", "device=cuda",
+                    f"sheets={sheets}", cwd=repo)  # fmt: skip
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    jobs = _run_trial_jobs(out.stdout, "emulate_trial")
+    assert len(jobs) == 4 + 7 + 10 + 6, len(jobs)
+    for resources, shell in jobs:
+        assert resources["gpu"] == "1" and "srun" not in shell, (resources, shell)
+        assert "python -m zerobench.cli emulate --device cuda" in shell and "--mem-cap-mb 32768" in shell, shell
+    assert "rule run_trial:" not in out.stdout
 
 
 def test_slurm_cpu_profile_runs_a_sheet_on_a_real_cluster(slurm_cluster, tmp_path):
