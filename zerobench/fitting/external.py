@@ -3,8 +3,11 @@ paper's cluster (zerobench/data/external_runs.csv, each row with its citation an
 committed before any fitting; docs/perfmodel.md).
 
 Splits: `fit` rows give the per-GPU constants, `validation` rows were looked at while the model was
-built, and `holdout` rows were entered in a commit of their own before any model change and are
-scored once (`--holdout`): `load` hands them out only when asked by name, so no fit reads them.
+built, and `holdout` rows were entered in a commit of their own before any model change (`load`
+hands them out only when asked by name, so no fit reads them). They were scored twice (SCORINGS):
+before any model change, and after the collective schedule and the implementation profiles. A
+holdout row some choice of the model was made on (perfmodel/choices.py: `deepspeed-0.3` for
+megatron-lm-2021, designed after its first score) is validation since (`role`, `history`).
 A published run the model cannot express (pipeline stages, an unstated layout) keeps its row, with
 the reason in its `expressible` column, and gets no prediction.
 
@@ -24,6 +27,7 @@ import pandas as pd
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.engine.trial import git_revision
+from zerobench.perfmodel.choices import fitted_rows
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.perfmodel.predict import predict
@@ -45,11 +49,18 @@ CODE = {
     "llm-foundry": dict(fsdp=True, fp32_grad_shard=0.0, fused_cross_entropy=True),
     "nemo-megatron": dict(fp32_main_grads=True),
 }
-# How each source's code issues its stage-3 collectives (perfmodel/implementation.py), chosen from what
-# the source says it ran, before scoring: Megatron-LM 2021's ZeRO-3 baseline is DeepSpeed's stage 3 of
-# that year. Every other source runs the default (`efficient`; llm-foundry's FSDP gathers each unit
-# with one flat all-gather).
+# How each source's code issues its stage-3 collectives (perfmodel/implementation.py): Megatron-LM
+# 2021's ZeRO-3 baseline is DeepSpeed's stage 3 of that year. The source names that code, but the
+# profile's mechanism (list-form host ops, a wait per gather) was designed after these six runs were
+# first scored, with their error growing with GPU count in view: a choice in the ledger, so the rows
+# are validation (perfmodel/choices.py). Every other source runs the default (`efficient`;
+# llm-foundry's FSDP gathers each unit with one flat all-gather).
 IMPLEMENTATION = {"megatron-lm-2021": "deepspeed-0.3"}
+# Each scoring of the holdout rows: (revision that scored, what the model was then). The first's
+# predictions are kept beside the current ones (results/external_holdout_at_6a41b00.csv).
+SCORINGS = (("6a41b00", "before any model change"),
+            ("b2c03e2", "after the collective schedule, the NCCL table and the implementation profiles"))  # fmt: skip
+FIRST_SCORE = HOLDOUT_OUT.with_name(f"external_holdout_at_{SCORINGS[0][0]}.csv")
 
 
 def load(splits: tuple[str, ...] = SEEN, path: Path = DATA) -> pd.DataFrame:
@@ -119,10 +130,32 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def role(source: str) -> str:
+    """`validation` for a holdout source some choice of the model was made on (choices.fitted_rows),
+    else `holdout`."""
+    return "validation" if ("external_runs", source) in fitted_rows() else "holdout"
+
+
+def label(df: pd.DataFrame, first: Path = FIRST_SCORE) -> pd.DataFrame:
+    """The scored holdout rows with their `role`, their error at the first scoring
+    (`first_error_pct`) and their scoring history in words (`history`)."""
+    before = pd.read_csv(first)
+    if len(before) != len(df) or list(before.source) != list(df.source) or list(before.gpus) != list(df.gpus):
+        raise ValueError(f"{first.name}: its rows are not the holdout's, in order")
+    (rev0, what0), (rev1, what1) = SCORINGS
+    roles = df.source.map(role)
+    history = [f"scored at {rev0} ({what0}) and at {rev1} ({what1})"
+               + ("; a choice of the model was made on it after the first (perfmodel/choices.py): validation"
+                  if r == "validation" else "; no choice of the model was made on it")
+               for r in roles]  # fmt: skip
+    return df.assign(role=roles.values, first_error_pct=before.error_pct.values, history=history)
+
+
 def score_holdout(cal: Calibration = DEFAULT, out: Path | None = HOLDOUT_OUT) -> pd.DataFrame:
-    """The frozen holdout, predicted once: every holdout row with its error (none where the model
-    cannot express the run), written to `out` with the revision that scored it."""
-    df = validate(cal, rows=load(("holdout",)))
+    """The holdout rows predicted by the current model: every row with its error (none where the
+    model cannot express the run), labelled (`label`), written to `out` with the revision that
+    scored it. Scoring again is a scoring of its own: SCORINGS lists them."""
+    df = label(validate(cal, rows=load(("holdout",))))
     df["git_rev"] = git_revision()
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +182,13 @@ if __name__ == "__main__":
     cols = ["source", "model", "hardware", "gpus", "mp", "stage", "micro_batch", "value", "predicted", "error_pct",
             "model_fits"]  # fmt: skip
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
-        if "--holdout" in sys.argv:  # the frozen holdout: score once, record (docs/perfmodel.md)
+        if "--label" in sys.argv:  # the recorded scoring labelled (role, history), nothing predicted again
+            kept = pd.read_csv(HOLDOUT_OUT)
+            label(kept.drop(columns=["role", "first_error_pct", "history"], errors="ignore")).to_csv(
+                HOLDOUT_OUT, index=False
+            )
+            raise SystemExit(0)
+        if "--holdout" in sys.argv:  # a scoring of the holdout (docs/perfmodel.md): record it in SCORINGS
             scored = score_holdout()
             _print(scored[cols + ["expressible"]], f"holdout runs (written to {HOLDOUT_OUT}):")
             _print(holdout_summary(scored), "holdout score (expressed runs only):")
