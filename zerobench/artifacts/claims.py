@@ -202,7 +202,7 @@ def without_choices(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     for name, df in tables.items():
         if "ours_without_choice" in df:
             undoable = set(reversible(name))
-            by = df.fitted_by.fillna("").astype(str).str.split(" | ", regex=False)
+            by = df.fitted_by.fillna("").astype(str).str.split("; ", regex=False)
             undone = df.ours_without_choice.notna() & by.map(undoable.issuperset)
             df = df.assign(ours=df.ours.where(~undone, df.ours_without_choice), role=df.role.where(~undone, JUDGED))
         out[name] = df
@@ -249,7 +249,8 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
             notes.append(note)
         rows.append(dict(claim=c.name, text=c.text, section=c.section, paper=paper, paper_bound=bound,
                          paper_kind=kind, ours=value, unit=c.unit, source=got.source if got else None,
-                         basis=got.basis if got else None, error_pct=err, ours_without_choice=bare,
+                         basis=got.basis if got else None, error_pct=err, band_pct=got.band_pct if got else None,
+                         ours_without_choice=bare,
                          error_without_choice_pct=error_pct(bare, paper), tolerance_pct=c.tolerance_pct,
                          holds_above=c.holds_above, verdict=v, note="; ".join(notes) or None))  # fmt: skip
     return pd.DataFrame(rows)
@@ -268,19 +269,23 @@ def section(csv_path: str) -> str:
     """REPORT.md's section: the verdicts counted, then every claim."""
     df = pd.read_csv(csv_path)
     counts = ", ".join(f"{int((df.verdict == v).sum())} {v}" for v in VERDICTS if (df.verdict == v).any())
-    lines = ["| claim | section | paper | ours | source | error % | tolerance % | verdict | read from |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| claim | section | paper | ours | source | error % | band ±% | tolerance % | verdict | read from |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, r in df.astype(object).where(df.notna(), None).iterrows():
         paper = f"{r.paper_bound or ''}{_num(r.paper)} ({r.paper_kind})"
         read_from = "; ".join(t for t in (r.basis, r.note) if t) or "-"
         lines.append(f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | "
-                     f"{_num(r.error_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | {read_from} |")  # fmt: skip
+                     f"{_num(r.error_pct)} | {_num(r.band_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | "
+                     f"{read_from} |")  # fmt: skip
     return "\n\n".join([
         "## The paper's claims",
         f"**Ledger** (`{csv_path}`): {len(df)} claims of the paper, each ours read from the artifacts' tables "
         "(aggregates over judged rows only). **reproduced**: within the tolerance of the paper's number, or on "
         "the side of its bound (no tolerance past a bound); **partly**: outside it, but the claim's qualitative "
         "statement holds (e.g. superlinear: a per-GPU ratio above 1); **refuted**: neither; **not testable "
-        f"here**: a table, row or number is absent, or ours is read from a fitted point. Verdicts: {counts}.",
+        "here**: a table, row or number is absent, or ours is read from a fitted point the model cannot read "
+        "without its choice. A claim read from a row a choice was made on, where the model can undo the choice, "
+        "shows both readings and takes the worse. `band`: the band of the rows read (artifacts/judged_bands.py; "
+        f"a ratio's is the sum of its two). Verdicts: {counts}.",
         "\n".join(lines),
     ])  # fmt: skip

@@ -82,7 +82,7 @@ def row(artifact, key, ours, paper_value, source="modelled", role=JUDGED, **cols
     """One compared point; its role is `fitted` where the ledger of choices names (artifact, key), and
     `fitted_by` names those choices."""
     err = None if paper_value in (None, 0) or ours is None else 100.0 * (ours - paper_value) / paper_value
-    by = " | ".join(fitted_rows().get((artifact, key), ()))
+    by = "; ".join(fitted_rows().get((artifact, key), ()))
     return dict(artifact=artifact, key=key, ours=ours, paper=paper_value, error_pct=err, source=source,
                 role=role_of(artifact, key, role), fitted_by=by, **cols)  # fmt: skip
 

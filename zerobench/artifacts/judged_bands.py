@@ -17,10 +17,11 @@ MEMORY = "pooled, assumed for memory: no held-out run measured memory"
 
 
 def add(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with band_pct, band_basis and inside_band on its judged rows that have an error."""
+    """`df` with band_pct and band_basis on its judged and fitted rows that have an error (a fitted
+    row's band serves the claims' reading without its choice), and inside_band on the judged ones."""
     if "error_band_pct" not in df or "role" not in df:
         return df
-    rows = (df.role == JUDGED) & df.error_pct.notna()
+    rows = df.role.isin((JUDGED, "fitted")) & df.error_pct.notna()
     own = band_values(df.error_band_pct)
     memory = df.band_note.notna() if "band_note" in df else pd.Series(False, index=df.index)
     pct, runs = pooled()
@@ -30,7 +31,8 @@ def add(df: pd.DataFrame) -> pd.DataFrame:
     out.loc[regime, "band_basis"] = f"regime ({COVERAGE:.0%})"
     out.loc[rows & ~regime, "band_basis"] = f"pooled ({runs} held-out runs, {POOLED_COVERAGE:.0%})"
     out.loc[rows & memory, "band_basis"] = MEMORY
-    out.loc[rows, "inside_band"] = df.error_pct[rows].astype(float).abs() <= out.band_pct[rows].astype(float)
+    judged = rows & (df.role == JUDGED)
+    out.loc[judged, "inside_band"] = df.error_pct[judged].astype(float).abs() <= out.band_pct[judged].astype(float)
     return out
 
 

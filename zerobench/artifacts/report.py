@@ -16,6 +16,7 @@ from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
+from zerobench.artifacts.judged_bands import counts as band_counts
 from zerobench.artifacts.superlinear import seen
 from zerobench.peers.summary import peers_markdown
 
@@ -28,8 +29,9 @@ STATED_LIMITS = {
                               says=("worst within 25%", "predicted peak memory within 10%")),
     "capacity": dict(series={None: 10.0}, says=("each trial's peak memory within 10%",)),
 }  # fmt: skip
-SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct",
-         "error_without_fitted_pct", "formula", "vs_linear_pct", "derived_from", "build_gb"]  # fmt: skip
+SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "band_pct",
+         "error_without_fitted_pct", "error_without_choice_pct", "fitted_by", "formula", "vs_linear_pct",
+         "derived_from", "build_gb"]  # fmt: skip
 
 
 def _num(v) -> str:
@@ -44,6 +46,8 @@ def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
     names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula",
              "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from",
+             "band_pct": "band ±%", "error_without_choice_pct": "error % without the choice",
+             "fitted_by": "fitted or chosen on by (perfmodel/choices.py)",
              "build_gb": "construction peak (GB, traced)"}  # fmt: skip
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
@@ -163,6 +167,8 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     bare = without_fitted(name, sheet, df)
     if bare:
         said += f"\n\n{bare}"
+    if band_counts(df):
+        said += f"\n\n{band_counts(df)}"
     text = "\n\n".join([
         f"## {sheet['title']}",
         f"**Paper.** {sheet['paper']}",

@@ -6,7 +6,8 @@ switch or profile chosen while looking at a row is a fit of that row, and the ro
 A row is named `(artifact, key)`: a paper artifact's table key (results/<artifact>.csv), an H200
 record (`gpu/h200`, "<preset> stage <s> micro-batch <b>") or a published run's source
 (`external_runs`, "<source>": all its rows). `role_of` in artifacts/common.py reads `fitted_rows`;
-docs/perfmodel.md "The ledger of model choices" prints `markdown()`. A choice made on an artifact's
+docs/perfmodel.md "The ledger of model choices" prints `markdown()`. A row whose prediction carries
+a term fitted on runs like it (`carriers`) is `fitted` too (common.ROLES). A choice made on an artifact's
 mean rather than on rows names no row and says why its rows stay judged (`rows_judged_because`).
 `without` is what reverses the choice where the model can price that (trial fields of a sheet, or
 Calibration fields): the tables then show the row both ways (artifacts/choice_readings.py).
@@ -29,6 +30,7 @@ class Choice:
     rows: tuple[tuple[str, str], ...]  # the rows it was fitted or chosen on: (artifact, key)
     commit: str  # the commit that introduced it
     without: tuple[tuple[str, object], ...] = ()  # (field, value) that reverses it; () where none
+    carriers: tuple[tuple[str, str], ...] = ()  # rows whose prediction carries the term, fitted on runs like them
     rows_judged_because: str = ""  # a choice naming no row: why the rows it moves stay judged
 
     def __post_init__(self):
@@ -63,7 +65,9 @@ CHOICES = (
            "elementwise_traffic (same die, clocks, power)", (),
            "4b2dfcb", rows_judged_because="set from datasheets before any H200 row was scored"),
     Choice("host_cost.GATHER_HOST_S", "fitted", "host seconds per module gathered at stage 3 on a GPU: 70.2 µs; "
-           "every H200 stage 3 row carries it", (H200_FITTED_ROW,), "6707047"),
+           "every other H200 stage 3 row carries it (it moves dp-6b mb 1 from +37.8 to +11.0 %)", (H200_FITTED_ROW,),
+           "6707047", carriers=tuple(("gpu/h200", f"{m} stage 3 micro-batch {b}") for m in ("gpt-1.5b", "dp-6b")
+                                     for b in (1, 4, 16) if (m, b) != ("gpt-1.5b", 1))),
     Choice("ddp_overlap", "switch", "PyTorch DDP (stage 0, MP 1) all-reduces its buckets during backward",
            (("fig8", "DDP 1.38B"), ("fig8", "DDP 1.16B")), "75e1158", without=(("ddp_overlap", False),)),
     Choice("zero_os_stage1 (Table 2)", "switch", "Table 2's P_os rows as ZeRO-OS of Feb 2020: no flat gradient "
@@ -93,11 +97,11 @@ CHOICES = (
 
 
 def fitted_rows(artifact: str | None = None) -> dict[tuple[str, str], tuple[str, ...]]:
-    """Every row some choice was fitted or chosen on -> the names of those choices (of `artifact` alone
-    where given)."""
+    """Every row some choice was fitted or chosen on, or that carries a term fitted on runs like it ->
+    the names of those choices (of `artifact` alone where given)."""
     out: dict[tuple[str, str], tuple[str, ...]] = {}
     for c in CHOICES:
-        for row in c.rows:
+        for row in c.rows + c.carriers:
             if artifact is None or row[0] == artifact:
                 out[row] = (*out.get(row, ()), c.name)
     return out
@@ -113,6 +117,8 @@ def markdown() -> str:
     lines = ["| choice | kind | what | fitted / chosen on | commit |", "|---|---|---|---|---|"]
     for c in CHOICES:
         rows = "; ".join(f"{a} {k}" for a, k in c.rows) or f"no row: {c.rows_judged_because}"
+        if c.carriers:
+            rows += f"; carried by {len(c.carriers)} rows: " + "; ".join(k for _, k in c.carriers)
         lines.append(f"| `{c.name}` | {c.kind} | {c.what} | {rows} | {c.commit} |")
     return "\n".join(lines)
 
