@@ -59,17 +59,17 @@ def speed_table(runs: pd.DataFrame, peers: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+LEDGER = fitted_rows(GPU_DIR.as_posix())
+
+
+def _key(r) -> tuple[str, str]:
+    return GPU_DIR.as_posix(), f"{r.model} stage {r.stage} micro-batch {r.micro_batch}"
+
+
 def role(r) -> str:
     """`fitted` for a run the ledger of choices names (perfmodel/choices.py: fitted on it, or carrying
     a term fitted on runs like it), else `judged`."""
-    return (
-        "fitted"
-        if (GPU_DIR.as_posix(), f"{r.model} stage {r.stage} micro-batch {r.micro_batch}") in LEDGER
-        else "judged"
-    )
-
-
-LEDGER = fitted_rows(GPU_DIR.as_posix())
+    return "fitted" if _key(r) in LEDGER else "judged"
 
 
 def error_table(compare: pd.DataFrame) -> str:
