@@ -71,10 +71,26 @@ def heldout_section(results: Path) -> str | None:
         _scored(unseen, f"**Holdout** ({len(unseen)} runs, no choice of the model made on them): the first "
                 "scoring was by a model built before they were seen; the second after the collective schedule, "
                 "which was not designed on them."),
+        _sensitivity(Path(results) / "external_sensitivity.csv"),
         f"**Out of memory, says the model, for {len(oom)} of the {len(expressed)} expressed holdout runs**, all "
         "of which trained:" + ("\n" + "\n".join(oom_lines) if oom_lines else " none."),
         _bands_table(),
     ])  # fmt: skip
+
+
+def _sensitivity(path: Path) -> str:
+    """The validation rows' mean |error| with each fragile term of their profile at its assumed range
+    (results/external_sensitivity.csv, fitting/external.py `sensitivity`)."""
+    if not path.exists():
+        return ""
+    df = pd.read_csv(path)
+    point = df.drop_duplicates(["source", "model", "gpus"]).error_pct.abs().mean()
+    parts = [f"{v}: {sub.variant_error_pct.abs().mean():.1f} %" for v, sub in df.groupby("variant", sort=False)]
+    names = ", ".join(sorted(df.implementation.unique()))
+    return (
+        f"**Sensitivity of the `{names}` rows** (perfmodel/implementation.py SENSITIVITY; an assumed range, "
+        f"no such host op was timed): mean |error| {point:.1f} % as priced; " + "; ".join(parts) + "."
+    )
 
 
 HEAD = "| source | hardware | runs | mean abs error % | worst % | mean error % |\n|---|---|---|---|---|---|"

@@ -26,6 +26,9 @@ TRIAL_COMMANDS = ("run", "trace", "model", "estimate", "peers")
 PREDICTS = ("model", "estimate")  # the performance model's commands
 SEARCHES = ("run", "model")  # the commands with a batch/depth search (zerobench/sweeps/search.py)
 POLICIES = ("listed", "largest_fits")
+# the performance model's implementation profiles (perfmodel/implementation.py PROFILES; a test holds
+# them equal: the engine imports nothing of the model)
+IMPLEMENTATIONS = ("deepspeed-0.3", "efficient")
 TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}  # JSON schema's names
 
 
@@ -165,6 +168,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("compile", str, "torch.compile each block's compute (zerobench/engine/compile.py); auto: on for cuda, off "
           "for cpu", "run", _T.compile, "compile-", commands=("run",), choices=COMPILE,
           column=("compile", "train.compile"), sets="train.compile"),
+    Field("implementation", str, "how the ZeRO code issues its collectives (perfmodel/implementation.py); default "
+          "efficient, this engine", "hardware", tag="impl-", commands=PREDICTS, choices=IMPLEMENTATIONS),
 )}  # fmt: skip
 SHEET_FIELDS = tuple(name for name, f in FIELDS.items() if f.tag is not None or not f.flag)
 
