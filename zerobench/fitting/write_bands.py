@@ -87,13 +87,15 @@ def coverage(runs: pd.DataFrame) -> tuple[int, int]:
 def pooled(runs: pd.DataFrame) -> pd.DataFrame:
     """The pooled band: the POOLED_COVERAGE interval of every held-out run's |error|, one row."""
     err = runs.error_pct.astype(float).abs()
-    return pd.DataFrame([dict(error_band_pct=round(prediction_interval(err, POOLED_COVERAGE), 2),
+    pct = prediction_interval(err, POOLED_COVERAGE)
+    return pd.DataFrame([dict(error_band_pct=None if pct is None else round(pct, 2),
                               coverage=POOLED_COVERAGE, runs=len(err))])  # fmt: skip
 
 
-def write(loso: pd.DataFrame, holdout: pd.DataFrame, path: Path = BANDS, pooled_path: Path = POOLED) -> pd.DataFrame:
+def write(loso: pd.DataFrame, holdout: pd.DataFrame, path: Path = BANDS) -> pd.DataFrame:
     """The bands of these held-out runs, written to `path` with the revision that made them, and the
-    pooled band to `pooled_path`."""
+    pooled band beside it (error_bands.POOLED's name)."""
+    pooled_path = path.with_name(POOLED.name)
     made_by = f"python -m zerobench.fitting.write_bands @ {git_revision()}"
     runs = heldout_runs(loso, holdout)
     table = bands(runs).assign(made_by=made_by)
