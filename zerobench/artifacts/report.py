@@ -169,6 +169,9 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
         said += f"\n\n{bare}"
     if band_counts(df):
         said += f"\n\n{band_counts(df)}"
+    if "fitted_by" in df and df.fitted_by.notna().any():  # what the verdict would read without the labels
+        every = verdict(stats(df.assign(role=df.role.replace("fitted", JUDGED)), name), sheet["tolerance_pct"])
+        said += f"\n\n**Counting its fitted rows as judged** (what the labels set apart): {every}"
     text = "\n\n".join([
         f"## {sheet['title']}",
         f"**Paper.** {sheet['paper']}",
