@@ -17,6 +17,7 @@ from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
 from zerobench.artifacts.judged_bands import counts as band_counts
+from zerobench.artifacts.noisy_rows import mark_noisy
 from zerobench.artifacts.superlinear import seen
 from zerobench.peers.summary import peers_markdown
 
@@ -30,7 +31,8 @@ STATED_LIMITS = {
     "capacity": dict(series={None: 10.0}, says=("each trial's peak memory within 10%",)),
 }  # fmt: skip
 SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "band_pct",
-         "error_without_fitted_pct", "error_without_choice_pct", "fitted_by", "formula", "vs_linear_pct",
+         "too_noisy", "error_without_fitted_pct", "error_without_choice_pct", "fitted_by", "formula",
+         "vs_linear_pct",
          "derived_from", "build_gb"]  # fmt: skip
 
 
@@ -47,6 +49,7 @@ def _markdown(df: pd.DataFrame) -> str:
     names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula",
              "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from",
              "band_pct": "band ±%", "error_without_choice_pct": "error % without the choice",
+             "too_noisy": "too noisy",
              "fitted_by": "fitted or chosen on by (perfmodel/choices.py)",
              "build_gb": "construction peak (GB, traced)"}  # fmt: skip
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
@@ -72,11 +75,13 @@ def _condense_loss(df: pd.DataFrame) -> pd.DataFrame:
 
 def stats(df: pd.DataFrame, name: str = "table") -> dict:
     """The verdict's numbers: mean and max |error| % over the judged points alone (common.judged),
-    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/host_speed.py);
-    per other role its compared points and their mean |error| %, kept apart (`apart`)."""
+    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/host_speed.py)
+    and those too noisy to judge (`noisy`, artifacts/noisy_rows.py); per other role its compared
+    points and their mean |error| %, kept apart (`apart`)."""
     pts = judged(df, name)
     slow = pts.slow_spell.eq(True) if "slow_spell" in pts else pd.Series(False, index=pts.index)
-    pts = pts[~slow]
+    noisy = pts.too_noisy.eq(True) & ~slow if "too_noisy" in pts else pd.Series(False, index=pts.index)
+    pts = pts[~slow & ~noisy]
     err = pts.error_pct.astype(float).abs()
     worst = pts.loc[err.idxmax(), "key"] if len(pts) else None
     others = compared(df)
@@ -86,6 +91,7 @@ def stats(df: pd.DataFrame, name: str = "table") -> dict:
     status = df.status.dropna().astype(str) if "status" in df else pd.Series(dtype=str)
     return dict(n=len(pts), mape=err.mean() if len(pts) else None, max=err.max() if len(pts) else None,
                 worst=worst, apart={r: apart[r] for r in ROLES if r in apart}, slow=int(slow.sum()),
+                noisy=int(noisy.sum()),
                 not_ok=status[status != "ok"].value_counts().to_dict())  # fmt: skip
 
 
@@ -103,6 +109,8 @@ def limits_missed(df: pd.DataFrame, limits: dict | None, column: str = "error_pc
     rows = judged(df) if column == "error_pct" else compared(df.assign(error_pct=df[column]))
     if "slow_spell" in rows:
         rows = rows[~rows.slow_spell.eq(True)]
+    if "too_noisy" in rows:
+        rows = rows[~rows.too_noisy.eq(True)]
     missed = []
     for series, limit in limits.get("series", {}).items():
         sub = rows if series is None else rows[rows.get("series", pd.Series(index=rows.index)).eq(series)]
@@ -123,6 +131,8 @@ def verdict(s: dict, tolerance: float, missed: list[str] | None = None) -> str:
         extra = f"; not judged: {apart(s)}{extra}"
     if s.get("slow"):
         extra = f"; set aside: {s['slow']} judged row(s) with every run in a slow spell of the host{extra}"
+    if s.get("noisy"):
+        extra = f"; left out as too noisy: {s['noisy']} judged row(s) whose runs spread past the tolerance{extra}"
     if not s["n"]:
         return f"No judged numbers to compare against: ours only{extra}."
     line = f"{s['n']} judged points, mean |error| {s['mape']:.2f}%, worst {s['max']:.2f}% ({s['worst']})"
@@ -151,7 +161,9 @@ def without_fitted(name: str, sheet: dict, df: pd.DataFrame) -> str:
 
 
 def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
-    """(markdown section, summary-table line) of one artifact."""
+    """(markdown section, summary-table line) of one artifact. Measured rows whose runs spread past the
+    tolerance are left out as too noisy (noisy_rows.py)."""
+    df = mark_noisy(df, sheet["tolerance_pct"])
     sources = sorted({str(v) for v in df.source.dropna().unique()}) if "source" in df else []
     s = stats(df, f"results/{name}.csv")
     line = verdict(s, sheet["tolerance_pct"], limits_missed(df, sheet.get("limits") or STATED_LIMITS.get(name)))
@@ -164,6 +176,11 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
         said = f"**Verdict.** {line}"
     if "host_speed_runs" in df:  # a measured comparison: the host's speed beside it, as measured
         said += f" {host_note(df)}"
+    if "too_noisy" in df and df.too_noisy.any():
+        noisy = df[df.too_noisy]
+        said += (f"\n\n**Too noisy.** {len(noisy)} measured rows whose runs spread more than "
+                 f"±{sheet['tolerance_pct']:g}% (up to {noisy.runs_spread_pct.max():.0f}%) are left out of the "
+                 "verdict: which of their runs a reproduction gets would decide it (noisy_rows.py).")  # fmt: skip
     bare = without_fitted(name, sheet, df)
     if bare:
         said += f"\n\n{bare}"
