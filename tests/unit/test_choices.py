@@ -89,3 +89,23 @@ def test_every_judged_row_of_a_paper_table_has_a_numeric_band(artifact):
     judged = df[(df.role == "judged") & df.error_pct.notna()]
     assert len(judged) and judged.band_pct.notna().all() and judged.inside_band.notna().all()
     assert (judged.inside_band == (judged.error_pct.abs() <= judged.band_pct)).all()
+
+
+def test_the_h200_rows_gather_host_s_moves_are_the_ones_it_names(tmp_path, monkeypatch):
+    """Remade without the fitted term, the H200 rows whose TFLOPS move are the one it was fitted on
+    and the ones the ledger says carry it, no more and no fewer."""
+    import shutil
+
+    from zerobench.checks import gpu_check
+    from zerobench.perfmodel import host_cost
+
+    shutil.copytree(RESULTS / "gpu/h200", tmp_path / "h200")
+    with_term = pd.DataFrame(gpu_check.compare(tmp_path / "h200"))
+    monkeypatch.setattr(host_cost, "GATHER_HOST_S", 0.0)
+    without = pd.DataFrame(gpu_check.compare(tmp_path / "h200"))
+    moved = with_term.predicted_tflops.sub(without.predicted_tflops).abs() > 1e-9
+    keys = {
+        ("gpu/h200", f"{r.model} stage {r.stage} micro-batch {r.micro_batch}") for r in with_term[moved].itertuples()
+    }
+    named = {row for row, names in choices.fitted_rows("gpu/h200").items() if "host_cost.GATHER_HOST_S" in names}
+    assert keys == named
