@@ -36,12 +36,26 @@ def add(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _inside(df: pd.DataFrame) -> tuple[pd.DataFrame, int] | None:
+    """(the rows with a band, how many of them are inside), None where none has one."""
+    if "inside_band" not in df or not df.inside_band.notna().any():
+        return None
+    rows = df[df.inside_band.notna()]
+    return rows, int(rows.inside_band.astype(str).str.lower().eq("true").sum())
+
+
+def inside_of(df: pd.DataFrame) -> str:
+    """'n/m': judged rows inside their band of those with one ('' where none has one)."""
+    got = _inside(df)
+    return "" if got is None else f"{got[1]}/{len(got[0])}"
+
+
 def counts(df: pd.DataFrame) -> str:
     """'n of m judged rows inside their band (k on the pooled band)', or '' where none has one."""
-    if "inside_band" not in df or not df.inside_band.notna().any():
+    got = _inside(df)
+    if got is None:
         return ""
-    rows = df[df.inside_band.notna()]
-    inside = int(rows.inside_band.astype(str).str.lower().eq("true").sum())
+    rows, inside = got
     on_pooled = int(rows.band_basis.astype(str).str.startswith("pooled").sum())
     return (
         f"**Bands.** {inside} of {len(rows)} judged rows inside their band, {len(rows) - inside} outside "

@@ -17,6 +17,7 @@ from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
 from zerobench.artifacts.judged_bands import counts as band_counts
+from zerobench.artifacts.judged_bands import inside_of
 from zerobench.artifacts.noisy_rows import mark_noisy
 from zerobench.artifacts.superlinear import seen
 from zerobench.peers.summary import peers_markdown
@@ -202,7 +203,7 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     worst = "" if s["max"] is None else f"{s['max']:.2f}"
     not_judged = ", ".join(f"{n} {role}" for role, (n, _) in s["apart"].items())
     summary = f"| [{name}](#{_anchor(sheet['title'])}) | {', '.join(sources)} | {s['n']} | {mape} | {worst} | "
-    summary += f"{not_judged} | " + line.split(":")[0].split(" within")[0].strip("*") + " |"
+    summary += f"{inside_of(df)} | {not_judged} | " + line.split(":")[0].split(" within")[0].strip("*") + " |"
     return text, summary
 
 
@@ -260,8 +261,8 @@ def write_report(
         "alone. The others are counted apart and cannot move a verdict: "
         + "; ".join(f"**{role}**: {text}" for role, text in ROLES.items() if role != JUDGED)
         + ".",
-        "| artifact | source | judged points | mean abs error % | worst % | not judged | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| artifact | source | judged points | mean abs error % | worst % | inside band | not judged | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     text = "\n\n".join(head[:2]) + "\n\n" + "\n".join(head[2:] + summary) + "\n\n" + "\n\n".join(sections) + "\n"
     Path(out).write_text(text)
