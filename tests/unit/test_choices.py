@@ -109,3 +109,13 @@ def test_the_h200_rows_gather_host_s_moves_are_the_ones_it_names(tmp_path, monke
     }
     named = {row for row, names in choices.fitted_rows("gpu/h200").items() if "host_cost.GATHER_HOST_S" in names}
     assert keys == named
+
+
+def test_model_takes_the_implementation_field_and_the_record_names_it():
+    from zerobench.sweeps.groups import modelled_record
+
+    base = dict(model="gpt-100b", gpus=1536, stage=3, micro_batch=1, checkpoint_activations=True,
+                hardware="a100-80gb", precision="fp16")  # fmt: skip
+    listed, flat = modelled_record({**base, "implementation": "deepspeed-0.3"}), modelled_record(base)
+    assert (listed["implementation"], flat["implementation"]) == ("deepspeed-0.3", "efficient")
+    assert listed["tflops_per_gpu"] < flat["tflops_per_gpu"]  # list-form host work waited on
