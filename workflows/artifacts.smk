@@ -80,10 +80,39 @@ localrules:
     claims,
 
 
+# GPU records measured elsewhere and committed (results/gpu/<device>/runs, their README says where):
+# the current model's prediction of each is remade from them here, so that it cannot go stale.
+GPU_DEVICES = sorted(
+    p.parent.name for p in Path("results/gpu").glob("*/runs") if p.is_dir()
+)
+
+
+rule gpu_compare:
+    """The model beside one GPU's committed records (zerobench/checks/gpu_check.py --compare)."""
+    input:
+        runs="results/gpu/{device}/runs",
+        profile="results/gpu/{device}/calibrated-cuda.json",
+    output:
+        "results/gpu/{device}/compare.csv",
+    log:
+        "results/logs/gpu_compare_{device}.log",
+    wildcard_constraints:
+        device="|".join(GPU_DEVICES) or "none",
+    conda:
+        "envs/zerobench.yaml"
+    shell:
+        "python -m zerobench.checks.gpu_check --compare results/gpu/{wildcards.device} > {log} 2>&1"
+
+
+localrules:
+    gpu_compare,
+
+
 rule report:
     """REPORT.md: per artifact, the paper's numbers beside ours, the error and a verdict."""
     input:
         unpack(peers_report_input),
+        gpu=expand("results/gpu/{device}/compare.csv", device=GPU_DEVICES),
         sheets=sheet_files,
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
         claims="results/claims.csv",

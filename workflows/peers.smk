@@ -17,6 +17,7 @@ rule peers:
         "envs/zerobench.yaml"
     resources:
         trial_slots=1,  # timed: never beside a measured trial
+        timed=TIMED,  # nor beside any other job
     params:
         model=PEERS["model"],
         dp=PEERS["dp"],

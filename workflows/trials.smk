@@ -4,6 +4,12 @@
 # fails the job, log kept.
 
 
+# Units of the `timed` resource a timed rule holds (here and in peers.smk): every unit the local
+# profile provides (a request above the provided amount is capped to it), so that no other job,
+# which holds one, runs beside it.
+TIMED = 100
+
+
 rule run_trial:
     """A measured trial: real steps of the engine on dp x mp ranks (gloo on CPU, NCCL on GPU)."""
     input:
@@ -28,6 +34,7 @@ rule run_trial:
         runtime=lambda wc, attempt: 30 * attempt,
         mem_mb=16000,
         trial_slots=1,
+        timed=TIMED,
     params:
         flags=trial_flags,
         device=config["device"],
@@ -61,6 +68,7 @@ rule run_interleaved:
         runtime=interleaved_runtime,
         mem_mb=16000,
         trial_slots=1,
+        timed=TIMED,
     params:
         sheet=sheet_path,
         trials=interleaved_trials,
@@ -83,14 +91,14 @@ rule emulate_trial:
         source="emulated",
     conda:
         "envs/zerobench.yaml"
-    # one rank whatever the world: one GPU on a GPU cluster; on CPU every core held, so that
-    # nothing else runs beside the steps it times (the rank itself computes on one thread)
-    threads: workflow.cores
+    # one rank whatever the world: one GPU on a GPU cluster, one core on a CPU; timed, so nothing
+    # else runs beside the steps it times
     resources:
         gpu=lambda wc: 1 if config["device"] == "cuda" else 0,
         runtime=lambda wc, attempt: 30 * attempt,
         mem_mb=16000,
         trial_slots=1,
+        timed=TIMED,
     params:
         flags=trial_flags,
         device=config["device"],
@@ -151,6 +159,7 @@ rule calibrate:
     threads: 2
     resources:
         trial_slots=1,
+        timed=TIMED,
     params:
         # a smoke run checks the plumbing: one sweep of the grids (the sheets' runs take the default)
         passes="--passes 1" if config.get("smoke") else "",

@@ -19,7 +19,7 @@ from zerobench.engine.runtime.procs import process_tree
 from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
 from zerobench.perfmodel.hardware import get_profile
-from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, PROFILES
+from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.perfmodel.replay import cluster_of, complete
 from zerobench.results import read_record, write_record
 from zerobench.sweeps.groups import modelled_record, sweep_args
@@ -159,7 +159,7 @@ def cmd_estimate(args) -> int:
 
     attention = args.attention or "fused"
     print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node, attention=attention,
-                        implementation=args.implementation))  # fmt: skip
+                        implementation=args.implementation or DEFAULT_IMPLEMENTATION))  # fmt: skip
     return 0
 
 
@@ -251,8 +251,6 @@ def parser() -> argparse.ArgumentParser:
     model.set_defaults(fn=cmd_model)
     estimate = sub.add_parser("estimate", help="does it fit, at what batch, how fast")
     trial_args(estimate, "estimate")
-    estimate.add_argument("--implementation", default=DEFAULT_IMPLEMENTATION, choices=sorted(PROFILES),
-                          help="how the ZeRO code issues its collectives (perfmodel/implementation.py)")  # fmt: skip
     estimate.set_defaults(fn=cmd_estimate)
     cal = sub.add_parser("calibrate", help="microbenchmark this machine -> a measured hardware profile")
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

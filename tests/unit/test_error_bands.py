@@ -60,7 +60,7 @@ def test_band_is_the_prediction_interval_of_the_regimes_held_out_runs(tmp_path):
     assert small.runs == 4 and small.error_band_pct == 20 and small.coverage == 0.8
     assert small.mean_abs_pct == pytest.approx(9.5) and small.worst_pct == 20
     assert small.bias_pct == pytest.approx(-2.0)
-    assert small.evidence == "h (frozen holdout, 2); s1 (leave-one-source-out, 2)"
+    assert small.evidence == "h (holdout, no choice made on it, 2); s1 (leave-one-source-out, 2)"
     assert eb.band("a100-80gb", 4, 1, 3, path).value == pytest.approx(20.0)
     assert "80% prediction interval from 4" in eb.band("a100-80gb", 4, 1, 3, path).text()
     few = eb.band("a100-80gb", 16, 1, 3, path)  # one run: no number
@@ -134,3 +134,18 @@ def test_today_figure_draws_each_modelled_bar_with_its_band():
     ends = [seg[:, 1] for coll in ax.collections for seg in getattr(coll, "get_segments", list)()]
     plt.close(fig)
     assert len(ends) == 1 and sorted(ends[0]) == pytest.approx([90.0, 110.0])
+
+
+def test_never_seen_coverage_counts_only_the_holdout_rows_no_choice_was_made_on(tmp_path):
+    """A validation run (a choice was made on it) gives the others their band but is not counted as a
+    check of it; the pooled band is the 90 % interval of every run."""
+    errs = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 50.0]
+    loso = pd.DataFrame(dict(source="s", hardware="a100-80gb", gpus=4, mp=1, stage=3, error_pct=errs[:7]))
+    hold = pd.DataFrame(dict(source=["h", "h", "v"], hardware="a100-80gb", gpus=4, mp=1, stage=3, error_pct=errs[7:],
+                             expressible="yes", role=["holdout", "holdout", "validation"]))  # fmt: skip
+    table = writer.write(loso, hold, tmp_path / "b.csv").iloc[0]
+    # each run against the 8th smallest of the other nine: 8 inside (9), 9 outside (8); 50 outside (8)
+    assert (table.unseen_inside, table.unseen_judged) == (1, 2)
+    assert (table.loo_inside, table.loo_judged) == (8, 10)
+    pooled = pd.read_csv(tmp_path / eb.POOLED.name).iloc[0]  # the 10th smallest of ten at 90 %
+    assert pooled.error_band_pct == 50.0 and pooled.runs == 10 and pooled.coverage == eb.POOLED_COVERAGE

@@ -17,13 +17,23 @@ from zerobench.artifacts.common import JUDGED
 @dataclass(frozen=True)
 class Reading:
     """Ours for one claim: the value, its source(s), whether a fitted point is in it, and the rows
-    it was read from; `paper` where the claim takes the paper's number from the row itself."""
+    it was read from; `paper` where the claim takes the paper's number from the row itself; `band_pct`
+    its band (artifacts/judged_bands.py): a row's own, the sum of a ratio's two, the widest of an
+    aggregate's rows; None where a row read has none."""
 
     value: float
     source: str
     fitted: bool
     basis: str
     paper: float | None = None
+    band_pct: float | None = None
+
+
+def _band(rows: pd.DataFrame) -> float | None:
+    """The widest band of `rows`, None where one of them has none."""
+    if "band_pct" not in rows or rows.band_pct.isna().any() or rows.empty:
+        return None
+    return float(rows.band_pct.astype(float).max())
 
 
 Tables = dict[str, pd.DataFrame]
@@ -65,7 +75,8 @@ def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float
             return f"{table} {key!r} is a {r.role} row, not ours against the paper"
         value = float(r[column]) if fn is None else fn(float(r[column]))
         paper = float(r.paper) if "paper" in r and pd.notna(r.paper) else None
-        return Reading(value, _source(rows), r.role == "fitted", f"{table}: {key} ({r.role})", paper)
+        basis = f"{table}: {key} ({r.role})"
+        return Reading(value, _source(rows), r.role == "fitted", basis, paper, _band(rows.head(1)))
 
     return read
 
@@ -81,7 +92,8 @@ def ratio(num: Reader, den: Reader, scale: float = 1.0) -> Reader:
         if not b.value:
             return f"{b.basis}: zero denominator"
         source = ", ".join(sorted({*a.source.split(", "), *b.source.split(", ")}))
-        return Reading(scale * a.value / b.value, source, a.fitted or b.fitted, f"{a.basis} / {b.basis}")
+        band = None if a.band_pct is None or b.band_pct is None else a.band_pct + b.band_pct
+        return Reading(scale * a.value / b.value, source, a.fitted or b.fitted, f"{a.basis} / {b.basis}", None, band)
 
     return read
 
@@ -97,7 +109,7 @@ def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, left_out:
         basis += f" (at {rows.key[values.idxmax()]})"
     if left_out:
         basis += f"; left out: {', '.join(left_out)}"
-    return Reading(value, _source(rows), False, basis)
+    return Reading(value, _source(rows), False, basis, None, _band(rows))
 
 
 def over_judged(table: str, pattern: str, how: str = "mean", scale: float = 1.0) -> Reader:
@@ -144,6 +156,6 @@ def worst(table: str) -> Reader:
             return f"{table}: no judged rows to read"
         r = rows.loc[rows.error_pct.astype(float).abs().idxmax()]
         basis = f"{table}: worst of {len(rows)} judged rows ({r.key})"
-        return Reading(float(r.ours), _source(rows), False, basis, float(r.paper))
+        return Reading(float(r.ours), _source(rows), False, basis, float(r.paper), _band(rows.loc[[r.name]]))
 
     return read

@@ -12,7 +12,9 @@ a bound: 37.9 misses ">38"); `partly` where it misses, but the qualitative state
 declares (`holds_above`: superlinear is a per-GPU ratio above 1) still holds, read on ours or on the
 claim's `holds_on` (superlinear: the lowest of its interleaved rounds); `refuted` otherwise; `not
 testable here` where a table, a row or the paper's number is absent, and where ours is read from a
-fitted point: that shows the fit, not the model (common.ROLES).
+fitted point that the model cannot read without its choice: that shows the fit, not the model
+(common.ROLES). Where it can (artifacts/choice_readings.py: the row without the choice), the claim
+shows both readings and takes the worse verdict (`WORSE`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.artifacts.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
-from zerobench.artifacts.common import error_pct
+from zerobench.artifacts.common import JUDGED, error_pct
+from zerobench.perfmodel.choices import reversible
 from zerobench.results import load_paper_reference
 
 REPRODUCED, PARTLY, REFUTED, UNTESTABLE = "reproduced", "partly", "refuted", "not testable here"
 VERDICTS = (REPRODUCED, PARTLY, REFUTED, UNTESTABLE)
 FITTED_NOTE = "read from a fitted point: it shows the fit, not the model, so it is not testable here"
+WORSE = (REFUTED, PARTLY, REPRODUCED)  # the first of two readings' verdicts in this order is taken
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,33 @@ def verdict(
     return REFUTED, err
 
 
+def without_choices(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The tables with each row the model can read without every choice made on it (its
+    `ours_without_choice`) read so, and judged: the claim's second reading."""
+    out = {}
+    for name, df in tables.items():
+        if "ours_without_choice" in df:
+            undoable = set(reversible(name))
+            by = df.fitted_by.fillna("").astype(str).str.split("; ", regex=False)
+            undone = df.ours_without_choice.notna() & by.map(undoable.issuperset)
+            df = df.assign(ours=df.ours.where(~undone, df.ours_without_choice), role=df.role.where(~undone, JUDGED))
+        out[name] = df
+    return out
+
+
+def both_readings(c: Claim, tables: dict, value: float, paper: float, bound: str, held) -> tuple[str, float, str]:
+    """(the worse verdict, ours without the choices, a note with both) of a claim read from a fitted
+    row, or (UNTESTABLE, None, FITTED_NOTE) where the model cannot read it without them."""
+    bare = c.read(without_choices(tables))
+    if isinstance(bare, str) or bare.fitted:
+        return UNTESTABLE, None, FITTED_NOTE
+    with_, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
+    without, err0 = verdict(bare.value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
+    note = (f"read from a row a choice was made on (perfmodel/choices.py): with it {value:.4g} ({with_}, "
+            f"{err:+.1f} %), without it {bare.value:.4g} ({without}, {err0:+.1f} %); the worse is taken")  # fmt: skip
+    return min(with_, without, key=WORSE.index), bare.value, note
+
+
 def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) -> pd.DataFrame:
     """One row per claim, ours read from `tables` (artifact name -> its table)."""
     rows = []
@@ -210,8 +241,6 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
         if isinstance(got, str):
             notes.append(got)
             got = None
-        elif got.fitted:
-            notes.append(FITTED_NOTE)
         if paper is None:
             notes.append("no paper number")
         value = got.value if got else None
@@ -221,11 +250,16 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
             held = None
         elif held is not None:
             notes.append(f"the statement read on {held.basis}: {held.value:.4g}")
-        fitted = bool(got and got.fitted)
-        v, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, fitted, held and held.value)
+        v, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held and held.value)
+        bare = None
+        if got and got.fitted and paper is not None:
+            v, bare, note = both_readings(c, tables, value, paper, bound, held and held.value)
+            notes.append(note)
         rows.append(dict(claim=c.name, text=c.text, section=c.section, paper=paper, paper_bound=bound,
                          paper_kind=kind, ours=value, unit=c.unit, source=got.source if got else None,
-                         basis=got.basis if got else None, error_pct=err, tolerance_pct=c.tolerance_pct,
+                         basis=got.basis if got else None, error_pct=err, band_pct=got.band_pct if got else None,
+                         ours_without_choice=bare,
+                         error_without_choice_pct=error_pct(bare, paper), tolerance_pct=c.tolerance_pct,
                          holds_above=c.holds_above, verdict=v, note="; ".join(notes) or None))  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -243,19 +277,23 @@ def section(csv_path: str) -> str:
     """REPORT.md's section: the verdicts counted, then every claim."""
     df = pd.read_csv(csv_path)
     counts = ", ".join(f"{int((df.verdict == v).sum())} {v}" for v in VERDICTS if (df.verdict == v).any())
-    lines = ["| claim | section | paper | ours | source | error % | tolerance % | verdict | read from |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| claim | section | paper | ours | source | error % | band ±% | tolerance % | verdict | read from |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, r in df.astype(object).where(df.notna(), None).iterrows():
         paper = f"{r.paper_bound or ''}{_num(r.paper)} ({r.paper_kind})"
         read_from = "; ".join(t for t in (r.basis, r.note) if t) or "-"
         lines.append(f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | "
-                     f"{_num(r.error_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | {read_from} |")  # fmt: skip
+                     f"{_num(r.error_pct)} | {_num(r.band_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | "
+                     f"{read_from} |")  # fmt: skip
     return "\n\n".join([
         "## The paper's claims",
         f"**Ledger** (`{csv_path}`): {len(df)} claims of the paper, each ours read from the artifacts' tables "
         "(aggregates over judged rows only). **reproduced**: within the tolerance of the paper's number, or on "
         "the side of its bound (no tolerance past a bound); **partly**: outside it, but the claim's qualitative "
         "statement holds (e.g. superlinear: a per-GPU ratio above 1); **refuted**: neither; **not testable "
-        f"here**: a table, row or number is absent, or ours is read from a fitted point. Verdicts: {counts}.",
+        "here**: a table, row or number is absent, or ours is read from a fitted point the model cannot read "
+        "without its choice. A claim read from a row a choice was made on, where the model can undo the choice, "
+        "shows both readings and takes the worse. `band`: the band of the rows read (artifacts/judged_bands.py; "
+        f"a ratio's is the sum of its two). Verdicts: {counts}.",
         "\n".join(lines),
     ])  # fmt: skip

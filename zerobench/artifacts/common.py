@@ -3,8 +3,9 @@ and the one rule of every verdict: the role each row plays, and that a verdict r
 
 Every artifact table has a `role` column (ROLES). A verdict, its counts and its mean and worst
 error are computed over the `judged` rows alone (`judged`); rows of the other roles are shown and
-counted apart (report.py), and cannot move a verdict. Fitted points are listed in
-perfmodel/constants.py (`FITTED`, `FIT_SET`) and docs/perfmodel.md ("Calibration")."""
+counted apart (report.py), and cannot move a verdict. A row is `fitted` where the ledger of model
+choices (perfmodel/choices.py, printed in docs/perfmodel.md) names it: a constant was fitted on it,
+or a switch, profile or margin was chosen while looking at it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import math
 
 import pandas as pd
 
-from zerobench.perfmodel.constants import FIT_SET
+from zerobench.perfmodel.choices import fitted_rows
 from zerobench.results import load_paper_reference
 
 _REF = None
@@ -49,8 +50,9 @@ def state_bytes(record: dict) -> float | None:
 # What a row's error says, and so whether a verdict counts it. Only `judged` rows are counted.
 ROLES = {
     "judged": "ours against an independent reference that nothing of ours was fitted on",
-    "fitted": "a point the model's constants were fitted on (constants.FITTED), or a prediction that "
-    "carries a term fitted on runs like it: its error shows the fit, not the model",
+    "fitted": "a point a choice of the model was fitted or chosen on (the ledger of choices, perfmodel/choices.py: "
+    "a fitted constant, a switch chosen on its score, a profile or margin set while it was in view), or a "
+    "prediction that carries a term fitted on runs like it: its error shows the fit, not the model",
     "formula": "theory against theory: the paper's formula at our scale beside the paper's own number",
     "reference": "a run compared with itself (the reference every other row is compared with)",
     "derived": "a ratio or multiple of other rows of the table (named in `derived_from`)",
@@ -72,15 +74,17 @@ JUDGED = "judged"
 
 
 def role_of(artifact: str, key: str, role: str = JUDGED) -> str:
-    """`fitted` for a point of the fit set (constants.FIT_SET), else `role`."""
-    return "fitted" if (artifact, key) in FIT_SET else role
+    """`fitted` for a row the ledger of choices names (choices.fitted_rows), else `role`."""
+    return "fitted" if (artifact, key) in fitted_rows() else role
 
 
 def row(artifact, key, ours, paper_value, source="modelled", role=JUDGED, **cols) -> dict:
-    """One compared point; its role is `fitted` where (artifact, key) is in the fit set."""
+    """One compared point; its role is `fitted` where the ledger of choices names (artifact, key), and
+    `fitted_by` names those choices."""
     err = None if paper_value in (None, 0) or ours is None else 100.0 * (ours - paper_value) / paper_value
+    by = "; ".join(fitted_rows().get((artifact, key), ()))
     return dict(artifact=artifact, key=key, ours=ours, paper=paper_value, error_pct=err, source=source,
-                role=role_of(artifact, key, role), **cols)  # fmt: skip
+                role=role_of(artifact, key, role), fitted_by=by, **cols)  # fmt: skip
 
 
 def check_roles(df: pd.DataFrame, name: str = "table") -> None:

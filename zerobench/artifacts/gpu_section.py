@@ -4,7 +4,8 @@ GPT, and the performance model's error on those runs.
 Reads results/gpu/h200 only (results/gpu/h200/README.md says what ran, where and at which revision):
 the engine's records (`runs/*.json`, measured), the plain-PyTorch loop's (`peer.jsonl`,
 `peer_compile.jsonl`, measured) and `compare.csv` (the current model's predictions, modelled,
-remade from the records by `python -m zerobench.checks.gpu_check --compare results/gpu/h200`).
+remade from the records by the workflow's `gpu_compare` rule:
+`python -m zerobench.checks.gpu_check --compare results/gpu/h200`).
 MFU is achieved TFLOPS (the paper's count, recomputation included) over the GPU's dense bf16
 datasheet peak (zerobench/gpus.py), for ours and the peers alike. No torch import.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.gpus import mfu
-from zerobench.perfmodel.host_cost import FITTED_ON
+from zerobench.perfmodel.choices import fitted_rows
 
 GPU_DIR = Path("gpu") / "h200"  # under results/
 PROFILE = "h200-141gb"
@@ -58,6 +59,19 @@ def speed_table(runs: pd.DataFrame, peers: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+LEDGER = fitted_rows(GPU_DIR.as_posix())
+
+
+def _key(r) -> tuple[str, str]:
+    return GPU_DIR.as_posix(), f"{r.model} stage {r.stage} micro-batch {r.micro_batch}"
+
+
+def role(r) -> str:
+    """`fitted` for a run the ledger of choices names (perfmodel/choices.py: fitted on it, or carrying
+    a term fitted on runs like it), else `judged`."""
+    return "fitted" if _key(r) in LEDGER else "judged"
+
+
 def error_table(compare: pd.DataFrame) -> str:
     """The model's error per run, on the datasheet profile and on the calibrated one."""
     cols = {"tflops_error_pct": "TFLOPS error %", "peak_bytes_error_pct": "memory error %",
@@ -68,23 +82,24 @@ def error_table(compare: pd.DataFrame) -> str:
              "|---|---|---|---|" + "---|" * len(cols)]  # fmt: skip
     for r in compare.itertuples():
         cells = [_cell(getattr(r, k), "+.1f") if pd.notna(getattr(r, k)) else "out of memory" for k in cols]
-        role = "fitted" if (r.model, r.stage, r.micro_batch) == FITTED_ON else "judged"
-        lines.append(f"| {r.model} | {r.stage} | {r.micro_batch} | {role} | " + " | ".join(cells) + " |")
+        by = "; ".join(LEDGER.get(_key(r), ()))
+        lines.append(f"| {r.model} | {r.stage} | {r.micro_batch} | {role(r)}{f' ({by})' if by else ''} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
     return "\n".join(lines)
 
 
 def summary(compare: pd.DataFrame) -> str:
     """One line: runs called out of memory, and the error's range by micro-batch (the TFLOPS over the
-    judged rows: the row stage 3's host cost was fitted on, host_cost.FITTED_ON, set apart)."""
+    judged rows: the fitted ones, `role`, set apart)."""
     trained = compare[compare.status == "ok"]
     oom = int(trained.predicted_tflops.isna().sum())
-    fitted = [(m, s, b) == FITTED_ON for m, s, b in zip(trained.model, trained.stage, trained.micro_batch)]
-    judged = trained[[not f for f in fitted]]
+    judged = trained[[role(r) == "judged" for r in trained.itertuples()]]
     small = judged.micro_batch == 1
     mem, t1, t4 = trained.peak_bytes_error_pct, judged[small].tflops_error_pct, judged[~small].tflops_error_pct
     return (f"Of {len(trained)} runs that trained, the model calls {oom} out of memory. Peak memory "
             f"{mem.min():+.1f} … {mem.max():+.1f} %; TFLOPS at micro-batch 1 {t1.min():+.1f} … {t1.max():+.1f} %, "
-            f"at micro-batch ≥ 4 {t4.min():+.1f} … {t4.max():+.1f} % (judged rows; the fitted one apart).")  # fmt: skip
+            f"at micro-batch ≥ 4 {t4.min():+.1f} … {t4.max():+.1f} % (the {len(judged)} judged rows; the "
+            f"{len(trained) - len(judged)} fitted ones, perfmodel/choices.py, apart).")  # fmt: skip
 
 
 def gpu_section(results: Path) -> str | None:

@@ -17,6 +17,9 @@ from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
+from zerobench.artifacts.judged_bands import counts as band_counts
+from zerobench.artifacts.judged_bands import inside_of
+from zerobench.artifacts.noisy_rows import mark_noisy
 from zerobench.peers.summary import peers_markdown
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
@@ -28,8 +31,10 @@ STATED_LIMITS = {
                               says=("worst within 25%", "predicted peak memory within 10%")),
     "capacity": dict(series={None: 10.0}, says=("each trial's peak memory within 10%",)),
 }  # fmt: skip
-SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct",
-         "error_without_fitted_pct", "formula", "vs_linear_pct", "derived_from", "build_gb"]  # fmt: skip
+SHOWN = ["key", "source", "role", "status", "micro_batch", "ours", "paper", "expected", "error_pct", "band_pct",
+         "too_noisy", "error_without_fitted_pct", "error_without_choice_pct", "fitted_by", "formula",
+         "vs_linear_pct",
+         "derived_from", "build_gb"]  # fmt: skip
 
 # the sweeps whose section says, in words, what the run saw
 SEEN = {"superlinear": superlinear.seen, "superlinear_emulated": superlinear_emulated.seen}
@@ -47,6 +52,9 @@ def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
     names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula",
              "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from",
+             "band_pct": "band ±%", "error_without_choice_pct": "error % without the choice",
+             "too_noisy": "too noisy",
+             "fitted_by": "fitted or chosen on by (perfmodel/choices.py)",
              "build_gb": "construction peak (GB, traced)"}  # fmt: skip
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
@@ -71,11 +79,13 @@ def _condense_loss(df: pd.DataFrame) -> pd.DataFrame:
 
 def stats(df: pd.DataFrame, name: str = "table") -> dict:
     """The verdict's numbers: mean and max |error| % over the judged points alone (common.judged),
-    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/host_speed.py);
-    per other role its compared points and their mean |error| %, kept apart (`apart`)."""
+    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/host_speed.py)
+    and those too noisy to judge (`noisy`, artifacts/noisy_rows.py); per other role its compared
+    points and their mean |error| %, kept apart (`apart`)."""
     pts = judged(df, name)
     slow = pts.slow_spell.eq(True) if "slow_spell" in pts else pd.Series(False, index=pts.index)
-    pts = pts[~slow]
+    noisy = pts.too_noisy.eq(True) & ~slow if "too_noisy" in pts else pd.Series(False, index=pts.index)
+    pts = pts[~slow & ~noisy]
     err = pts.error_pct.astype(float).abs()
     worst = pts.loc[err.idxmax(), "key"] if len(pts) else None
     others = compared(df)
@@ -85,6 +95,7 @@ def stats(df: pd.DataFrame, name: str = "table") -> dict:
     status = df.status.dropna().astype(str) if "status" in df else pd.Series(dtype=str)
     return dict(n=len(pts), mape=err.mean() if len(pts) else None, max=err.max() if len(pts) else None,
                 worst=worst, apart={r: apart[r] for r in ROLES if r in apart}, slow=int(slow.sum()),
+                noisy=int(noisy.sum()),
                 not_ok=status[status != "ok"].value_counts().to_dict())  # fmt: skip
 
 
@@ -102,6 +113,8 @@ def limits_missed(df: pd.DataFrame, limits: dict | None, column: str = "error_pc
     rows = judged(df) if column == "error_pct" else compared(df.assign(error_pct=df[column]))
     if "slow_spell" in rows:
         rows = rows[~rows.slow_spell.eq(True)]
+    if "too_noisy" in rows:
+        rows = rows[~rows.too_noisy.eq(True)]
     missed = []
     for series, limit in limits.get("series", {}).items():
         sub = rows if series is None else rows[rows.get("series", pd.Series(index=rows.index)).eq(series)]
@@ -122,6 +135,8 @@ def verdict(s: dict, tolerance: float, missed: list[str] | None = None) -> str:
         extra = f"; not judged: {apart(s)}{extra}"
     if s.get("slow"):
         extra = f"; set aside: {s['slow']} judged row(s) with every run in a slow spell of the host{extra}"
+    if s.get("noisy"):
+        extra = f"; left out as too noisy: {s['noisy']} judged row(s) whose runs spread past the tolerance{extra}"
     if not s["n"]:
         return f"No judged numbers to compare against: ours only{extra}."
     line = f"{s['n']} judged points, mean |error| {s['mape']:.2f}%, worst {s['max']:.2f}% ({s['worst']})"
@@ -150,7 +165,9 @@ def without_fitted(name: str, sheet: dict, df: pd.DataFrame) -> str:
 
 
 def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
-    """(markdown section, summary-table line) of one artifact."""
+    """(markdown section, summary-table line) of one artifact. Measured rows whose runs spread past the
+    tolerance are left out as too noisy (noisy_rows.py)."""
+    df = mark_noisy(df, sheet["tolerance_pct"])
     sources = sorted({str(v) for v in df.source.dropna().unique()}) if "source" in df else []
     s = stats(df, f"results/{name}.csv")
     line = verdict(s, sheet["tolerance_pct"], limits_missed(df, sheet.get("limits") or STATED_LIMITS.get(name)))
@@ -163,9 +180,19 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
         said = f"**Verdict.** {line}"
     if "host_speed_runs" in df:  # a measured comparison: the host's speed beside it, as measured
         said += f" {host_note(df)}"
+    if "too_noisy" in df and df.too_noisy.any():
+        noisy = df[df.too_noisy]
+        said += (f"\n\n**Too noisy.** {len(noisy)} measured rows whose runs spread more than "
+                 f"±{sheet['tolerance_pct']:g}% (up to {noisy.runs_spread_pct.max():.0f}%) are left out of the "
+                 "verdict: which of their runs a reproduction gets would decide it (noisy_rows.py).")  # fmt: skip
     bare = without_fitted(name, sheet, df)
     if bare:
         said += f"\n\n{bare}"
+    if band_counts(df):
+        said += f"\n\n{band_counts(df)}"
+    if "fitted_by" in df and df.fitted_by.notna().any():  # what the verdict would read without the labels
+        every = verdict(stats(df.assign(role=df.role.replace("fitted", JUDGED)), name), sheet["tolerance_pct"])
+        said += f"\n\n**Counting its fitted rows as judged** (what the labels set apart): {every}"
     text = "\n\n".join([
         f"## {sheet['title']}",
         f"**Paper.** {sheet['paper']}",
@@ -179,7 +206,7 @@ def section(name: str, sheet: dict, df: pd.DataFrame) -> tuple[str, str]:
     worst = "" if s["max"] is None else f"{s['max']:.2f}"
     not_judged = ", ".join(f"{n} {role}" for role, (n, _) in s["apart"].items())
     summary = f"| [{name}](#{_anchor(sheet['title'])}) | {', '.join(sources)} | {s['n']} | {mape} | {worst} | "
-    summary += f"{not_judged} | " + line.split(":")[0].split(" within")[0].strip("*") + " |"
+    summary += f"{inside_of(df)} | {not_judged} | " + line.split(":")[0].split(" within")[0].strip("*") + " |"
     return text, summary
 
 
@@ -237,8 +264,8 @@ def write_report(
         "alone. The others are counted apart and cannot move a verdict: "
         + "; ".join(f"**{role}**: {text}" for role, text in ROLES.items() if role != JUDGED)
         + ".",
-        "| artifact | source | judged points | mean abs error % | worst % | not judged | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| artifact | source | judged points | mean abs error % | worst % | inside band | not judged | verdict |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     text = "\n\n".join(head[:2]) + "\n\n" + "\n".join(head[2:] + summary) + "\n\n" + "\n\n".join(sections) + "\n"
     Path(out).write_text(text)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts import registry
+from zerobench.artifacts import choice_readings, judged_bands, registry
 from zerobench.artifacts.common import error_pct, state_bytes
 from zerobench.artifacts.table1 import table1 as table1_cells
 from zerobench.artifacts.table1 import traced_build_cells, traced_cells
@@ -187,5 +187,7 @@ def build(name: str, paths: list[str], sheet: str | None = None, profile: str | 
     rank = {tid: i for i, tid in enumerate(trials)}
     files.sort(key=lambda p: rank[p.stem])  # the sheet's order
     if artifact.joins_trials:
-        return registry.resolve(artifact.table)([(trials[p.stem], read_record(p)) for p in files], *extra)
+        builder, pairs = registry.resolve(artifact.table), [(trials[p.stem], read_record(p)) for p in files]
+        table = choice_readings.add(name, lambda ps: builder(ps, *extra), pairs, builder(pairs, *extra))
+        return judged_bands.add(table)
     return registry.resolve(artifact.table)([read_record(p) for p in files], *extra)

@@ -36,6 +36,9 @@ TRIAL_COMMANDS = ("run", "trace", "model", "estimate", "peers", "emulate")
 PREDICTS = ("model", "estimate")  # the performance model's commands
 SEARCHES = ("run", "model", "emulate")  # the commands with a batch/depth search (zerobench/sweeps/search.py)
 POLICIES = ("listed", "largest_fits")
+# the performance model's implementation profiles (perfmodel/implementation.py PROFILES; a test holds
+# them equal: the engine imports nothing of the model)
+IMPLEMENTATIONS = ("deepspeed-0.3", "efficient")
 TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}  # JSON schema's names
 
 
@@ -180,6 +183,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("cluster", str, "the hardware profile whose network prices the collectives (default: the device's own: "
           "its GPU's profile, or calibrated-cpu)", "emulate", tag="on-", commands=("emulate",),
           schema={"pattern": "^[a-z0-9-]+$"}),
+    Field("implementation", str, "how the ZeRO code issues its collectives (perfmodel/implementation.py); default "
+          "efficient, this engine", "hardware", tag="impl-", commands=PREDICTS, choices=IMPLEMENTATIONS),
 )}  # fmt: skip
 SHEET_FIELDS = tuple(name for name, f in FIELDS.items() if f.tag is not None or not f.flag)
 

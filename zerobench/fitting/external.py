@@ -3,8 +3,11 @@ paper's cluster (zerobench/data/external_runs.csv, each row with its citation an
 committed before any fitting; docs/perfmodel.md).
 
 Splits: `fit` rows give the per-GPU constants, `validation` rows were looked at while the model was
-built, and `holdout` rows were entered in a commit of their own before any model change and are
-scored once (`--holdout`): `load` hands them out only when asked by name, so no fit reads them.
+built, and `holdout` rows were entered in a commit of their own before any model change (`load`
+hands them out only when asked by name, so no fit reads them). They were scored twice (SCORINGS):
+before any model change, and after the collective schedule and the implementation profiles. A
+holdout row some choice of the model was made on (perfmodel/choices.py: `deepspeed-0.3` for
+megatron-lm-2021, designed after its first score) is validation since (`role`, `history`).
 A published run the model cannot express (pipeline stages, an unstated layout) keeps its row, with
 the reason in its `expressible` column, and gets no prediction.
 
@@ -12,7 +15,9 @@ Each row is predicted from its own layout (GPUs, MP, ZeRO stage, micro-batch, ac
 checkpointing, attention kernel) on the datasheet profile of its GPU, and compared in the
 metric the source printed (tokens/s per GPU, step time, or TFLOPS per GPU by zerobench.flops'
 convention). `python -m zerobench.fitting.external` prints MAPE per source and hardware, per split,
-and the worst rows; `--holdout` scores the frozen holdout and writes results/external_holdout.csv.
+and the worst rows; `--holdout` scores the holdout rows and writes results/external_holdout.csv;
+`--label` labels that record (role, history) without predicting again; `--sensitivity` writes
+results/external_sensitivity.csv: each recorded row of a profile with a SENSITIVITY range at it.
 """
 
 from __future__ import annotations
@@ -24,14 +29,16 @@ import pandas as pd
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.engine.trial import git_revision
+from zerobench.perfmodel.choices import fitted_rows
 from zerobench.perfmodel.constants import DEFAULT, Calibration
-from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
+from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, variants
 from zerobench.perfmodel.predict import predict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "external_runs.csv"
 HOLDOUT_OUT = Path(__file__).resolve().parents[2] / "results" / "external_holdout.csv"
 SPLITS = ("fit", "validation", "holdout")
 SEEN = ("fit", "validation")  # what model building may read
+SENSITIVITY_OUT = HOLDOUT_OUT.with_name("external_sensitivity.csv")
 
 # Memory behaviour of each source's training code (constants.py; read from the code, docs/perfmodel.md
 # "External validation"). llm-foundry 061f2c7: PyTorch FSDP FULL_SHARD, mixed_precision PURE (fp32 flat
@@ -45,11 +52,18 @@ CODE = {
     "llm-foundry": dict(fsdp=True, fp32_grad_shard=0.0, fused_cross_entropy=True),
     "nemo-megatron": dict(fp32_main_grads=True),
 }
-# How each source's code issues its stage-3 collectives (perfmodel/implementation.py), chosen from what
-# the source says it ran, before scoring: Megatron-LM 2021's ZeRO-3 baseline is DeepSpeed's stage 3 of
-# that year. Every other source runs the default (`efficient`; llm-foundry's FSDP gathers each unit
-# with one flat all-gather).
+# How each source's code issues its stage-3 collectives (perfmodel/implementation.py): Megatron-LM
+# 2021's ZeRO-3 baseline is DeepSpeed's stage 3 of that year. The source names that code, but the
+# profile's mechanism (list-form host ops, a wait per gather) was designed after these six runs were
+# first scored, with their error growing with GPU count in view: a choice in the ledger, so the rows
+# are validation (perfmodel/choices.py). Every other source runs the default (`efficient`;
+# llm-foundry's FSDP gathers each unit with one flat all-gather).
 IMPLEMENTATION = {"megatron-lm-2021": "deepspeed-0.3"}
+# Each scoring of the holdout rows: (revision that scored, what the model was then). The first's
+# predictions are kept beside the current ones (results/external_holdout_at_6a41b00.csv).
+SCORINGS = (("6a41b00", "before any model change"),
+            ("b2c03e2", "after the collective schedule, the NCCL table and the implementation profiles"))  # fmt: skip
+FIRST_SCORE = HOLDOUT_OUT.with_name(f"external_holdout_at_{SCORINGS[0][0]}.csv")
 
 
 def load(splits: tuple[str, ...] = SEEN, path: Path = DATA) -> pd.DataFrame:
@@ -69,8 +83,9 @@ def expressible(df: pd.DataFrame) -> pd.Series:
     return df.expressible.astype(str).str.strip() == "yes"
 
 
-def _predicted(r, cal: Calibration) -> tuple[float | None, bool, int]:
-    """(the row's metric as the model predicts it, fits, largest micro-batch)."""
+def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, bool, int]:
+    """(the row's metric as the model predicts it, fits, largest micro-batch), under the row's
+    `implementation` profile unless another is given (a sensitivity variant)."""
     model = ModelConfig(layers=int(r.layers), hidden=int(r.hidden), heads=int(r.heads), seq=int(r.seq),
                         vocab=int(r.vocab), name=r.model)  # fmt: skip
     parallel = ParallelConfig(dp=int(r.gpus) // int(r.mp), mp=int(r.mp), stage=int(r.stage),
@@ -78,7 +93,7 @@ def _predicted(r, cal: Calibration) -> tuple[float | None, bool, int]:
     train = TrainConfig(micro_batch=int(r.micro_batch), grad_accum=int(r.grad_accum))
     pred = predict(model, parallel, PrecisionConfig(r.precision, "cuda"), train, r.hardware,
                    cal=cal.replace(**CODE.get(r.source, {})), attention=r.attention,
-                   implementation=IMPLEMENTATION.get(r.source, DEFAULT_IMPLEMENTATION))  # fmt: skip
+                   implementation=implementation or r.implementation)  # fmt: skip
     step = pred.step_time_s
     if r.metric == "step_time_s":
         value = step
@@ -95,6 +110,7 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
     """Every row (of `rows`, else the file's fit and validation rows) with the model's prediction and
     its error in % of the published value; a row the model cannot express gets none."""
     df = load(path=path) if rows is None else rows.copy()
+    df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)  # the trial field
     can = expressible(df)
     none = (float("nan"), False, 0)
     out = [_predicted(r, cal) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]
@@ -103,6 +119,19 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
     df["model_max_micro_batch"] = [o[2] for o in out]
     df["error_pct"] = 100 * (df.predicted - df.value) / df.value
     return df
+
+
+def sensitivity(df: pd.DataFrame, cal: Calibration = DEFAULT) -> pd.DataFrame:
+    """The expressed rows of a profile with a SENSITIVITY range, predicted at each of its variants:
+    one row per (row, variant) with the error there, beside the point's (implementation.variants)."""
+    out = []
+    for r in df[expressible(df)].itertuples():
+        for label, impl in variants(r.implementation).items():
+            value = _predicted(r, cal, impl)[0]
+            out.append(dict(source=r.source, model=r.model, gpus=r.gpus, micro_batch=r.micro_batch, value=r.value,
+                            implementation=r.implementation, variant=label, error_pct=r.error_pct,
+                            variant_error_pct=100 * (value - r.value) / r.value))  # fmt: skip
+    return pd.DataFrame(out)
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
@@ -119,10 +148,34 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def role(source: str) -> str:
+    """`validation` for a holdout source some choice of the model was made on (choices.fitted_rows),
+    else `holdout`."""
+    return "validation" if ("external_runs", source) in fitted_rows() else "holdout"
+
+
+def label(df: pd.DataFrame, first: Path = FIRST_SCORE) -> pd.DataFrame:
+    """The scored holdout rows with their `role`, their error at the first scoring
+    (`first_error_pct`) and their scoring history in words (`history`)."""
+    before = pd.read_csv(first)
+    if len(before) != len(df) or list(before.source) != list(df.source) or list(before.gpus) != list(df.gpus):
+        raise ValueError(f"{first.name}: its rows are not the holdout's, in order")
+    (rev0, what0), (rev1, what1) = SCORINGS
+    roles = df.source.map(role)
+    history = [f"scored at {rev0} ({what0}) and at {rev1} ({what1})"
+               + ("; a choice of the model was made on it after the first (perfmodel/choices.py): validation"
+                  if r == "validation" else "; no choice of the model was made on it")
+               for r in roles]  # fmt: skip
+    impl = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)
+    return df.assign(implementation=impl.values, role=roles.values, first_error_pct=before.error_pct.values,
+                     history=history)  # fmt: skip
+
+
 def score_holdout(cal: Calibration = DEFAULT, out: Path | None = HOLDOUT_OUT) -> pd.DataFrame:
-    """The frozen holdout, predicted once: every holdout row with its error (none where the model
-    cannot express the run), written to `out` with the revision that scored it."""
-    df = validate(cal, rows=load(("holdout",)))
+    """The holdout rows predicted by the current model: every row with its error (none where the
+    model cannot express the run), labelled (`label`), written to `out` with the revision that
+    scored it. Scoring again is a scoring of its own: SCORINGS lists them."""
+    df = label(validate(cal, rows=load(("holdout",))))
     df["git_rev"] = git_revision()
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +202,17 @@ if __name__ == "__main__":
     cols = ["source", "model", "hardware", "gpus", "mp", "stage", "micro_batch", "value", "predicted", "error_pct",
             "model_fits"]  # fmt: skip
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60):
-        if "--holdout" in sys.argv:  # the frozen holdout: score once, record (docs/perfmodel.md)
+        if "--label" in sys.argv:  # the recorded scoring labelled (role, history), nothing predicted again
+            kept = pd.read_csv(HOLDOUT_OUT)
+            kept = kept.drop(columns=["implementation", "role", "first_error_pct", "history"], errors="ignore")
+            label(kept).to_csv(HOLDOUT_OUT, index=False)
+            raise SystemExit(0)
+        if "--sensitivity" in sys.argv:  # the recorded rows' fragile terms at their range (no scoring)
+            table = sensitivity(pd.read_csv(HOLDOUT_OUT))
+            table.to_csv(SENSITIVITY_OUT, index=False)
+            _print(table, f"sensitivity (written to {SENSITIVITY_OUT}):")
+            raise SystemExit(0)
+        if "--holdout" in sys.argv:  # a scoring of the holdout (docs/perfmodel.md): record it in SCORINGS
             scored = score_holdout()
             _print(scored[cols + ["expressible"]], f"holdout runs (written to {HOLDOUT_OUT}):")
             _print(holdout_summary(scored), "holdout score (expressed runs only):")

@@ -10,6 +10,11 @@ exchangeable; Vovk et al. 2005, Lei et al., JASA 2018). With fewer runs than tha
 (MIN_RUNS = 4 at 80 %) there is no band: `unvalidated`. The bands are read from
 zerobench/data/error_bands.csv, which `python -m zerobench.fitting.write_bands` writes; the model
 never imports the fitting code. The band is of throughput (step time, TFLOPS), not of memory.
+
+A judged row of a paper artifact always carries a number (artifacts/judged_bands.py): its regime's
+band where the regime has one, else the POOLED band, the POOLED_COVERAGE (90 %) interval over every held-out
+run of every regime (zerobench/data/pooled_band.csv), wider than the regimes' 80 % as a row borrows
+it from runs of other regimes; a memory row takes the pooled band as an assumption, named so.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 BANDS = Path(__file__).resolve().parents[1] / "data" / "error_bands.csv"
+POOLED = BANDS.with_name("pooled_band.csv")
+POOLED_COVERAGE = 0.9  # a pooled band borrows from other regimes: a wider interval than theirs
 UNVALIDATED = "unvalidated"
 # upper GPU count of each scale bucket: one node, a few nodes, up to the paper's 400-512, beyond
 SCALES = ((8, "1-8"), (64, "9-64"), (512, "65-512"), (float("inf"), ">512"))
@@ -118,3 +125,10 @@ def band(hardware: str, gpus: int, mp: int, stage: int, path: Path = BANDS) -> B
 def band_values(values: pd.Series) -> pd.Series:
     """A column of `error_band_pct` as numbers (NaN where unvalidated or absent), for error bars."""
     return pd.to_numeric(values, errors="coerce")
+
+
+@functools.cache
+def pooled(path: Path = POOLED) -> tuple[float, int]:
+    """(the pooled band in %, the runs it is the POOLED_COVERAGE interval of)."""
+    r = pd.read_csv(path).iloc[0]
+    return float(r.error_band_pct), int(r.runs)

@@ -20,7 +20,7 @@ from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import MemoryBreakdown, activation_dtype_bytes, breakdown, max_micro_batch
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.host_cost import HOST_OP_S, host_excess, stage3_host_s
-from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, list_form_host_s
+from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, Implementation, list_form_host_s, variants
 from zerobench.perfmodel.implementation import get as get_implementation
 from zerobench.perfmodel.kernels import check_attention
 
@@ -81,7 +81,7 @@ def predict(
     gpus_per_node: int | None = None,
     cal: Calibration = DEFAULT,
     attention: str = "materialized",
-    implementation: str = DEFAULT_IMPLEMENTATION,
+    implementation: str | Implementation = DEFAULT_IMPLEMENTATION,
 ) -> Prediction:
     """`attention`: `materialized` (s² scores kept, a separate softmax pass: the paper's 2020 code,
     used by the paper artifacts) or `fused` (flash-style: what today's codes and this engine run).
@@ -243,6 +243,10 @@ def estimate_text(
         lines.append(f"  predicted {pred.tflops_per_gpu:.3g} TFLOPS/{unit} (MFU {pred.mfu:.0%}), step {t:.3g} s: "
                      + ", ".join(f"{k} {v / t:.0%}" for k, v in parts))  # fmt: skip
         lines.append(f"  {band(hw.name, parallel.world_size, parallel.mp, parallel.stage).text()}")
+        for label, impl in variants(implementation).items():  # the profile's fragile terms at their range
+            alt = predict(model, parallel, precision, train, hw, None, cal, attention, impl)
+            lines.append(f"  sensitivity ({implementation}, assumed range): {label}: {alt.tflops_per_gpu:.3g} "
+                         f"TFLOPS/{unit}, step {alt.step_time_s:.3g} s")  # fmt: skip
     lines.append(f"  implementation profile: {implementation} ({get_implementation(implementation).source})")
     return "\n".join(lines)
 

@@ -19,6 +19,7 @@ from zerobench.engine.fields import defaults
 from zerobench.engine.trial import COLUMNS, TrialSpec, configs, new_record
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.results import write_record
 from zerobench.sweeps import interleave, sheets
 from zerobench.sweeps.search import run_under_policy
@@ -31,10 +32,11 @@ def modelled_record(values: Mapping, cal: Calibration = DEFAULT) -> dict:
     if v["zero_os"]:
         cal = cal.replace(zero_os_stage1=True)
     attention = v["attention"] or "materialized"
+    implementation = v.get("implementation") or DEFAULT_IMPLEMENTATION
 
     def predict(spec: TrialSpec) -> dict:
         return model_record(spec.model, spec.parallel, spec.precision, spec.train, v["hardware"], v["gpus_per_node"],
-                            cal, attention=attention)  # fmt: skip
+                            cal, attention=attention, implementation=implementation)  # fmt: skip
 
     return run_under_policy(TrialSpec(*configs(v)), v, predict)
 

@@ -78,7 +78,8 @@ def fig2(df: pd.DataFrame, fig) -> None:
     ax = fig.subplots()
     df = df.assign(size=df.size_b.map(lambda s: f"{s:g}B"))
     tput = df[df.series != "speed-up"]
-    bars(ax, tput, "size", "series")
+    # the legend beside the axes: inside, it covers the speed-up labels above the largest sizes
+    bars(ax, tput, "size", "series", loc="upper left", bbox_to_anchor=(1.005, 1.0))
     ax.set(xlabel="model size (400 GPUs)", ylabel="TFLOPS per GPU")
     top = np.nanmax(np.r_[tput.ours.to_numpy(float), tput.paper.to_numpy(float)])
     for i, (_, r) in enumerate(df[df.series == "speed-up"].iterrows()):

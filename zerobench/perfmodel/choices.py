@@ -1,0 +1,130 @@
+"""The ledger of model choices: every fitted constant, every switch chosen on scores, every
+profile-to-source mapping and every margin taken from measurements, each with the rows it was
+fitted or chosen on (by key) and the commit that introduced it (design.md "Sources of numbers": a
+switch or profile chosen while looking at a row is a fit of that row, and the row says so).
+
+A row is named `(artifact, key)`: a paper artifact's table key (results/<artifact>.csv), an H200
+record (`gpu/h200`, "<preset> stage <s> micro-batch <b>") or a published run's source
+(`external_runs`, "<source>": all its rows). `role_of` in artifacts/common.py reads `fitted_rows`;
+docs/perfmodel.md "The ledger of model choices" prints `markdown()`. A row whose prediction carries
+a term fitted on runs like it (`carriers`) is `fitted` too (common.ROLES). A choice made on an artifact's
+mean rather than on rows names no row and says why its rows stay judged (`rows_judged_because`).
+`without` is what reverses the choice where the model can price that (trial fields of a sheet, or
+Calibration fields): the tables then show the row both ways (artifacts/choice_readings.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerobench.perfmodel.constants import FITTED
+
+KINDS = ("fitted", "switch", "mapping", "margin")
+
+
+@dataclass(frozen=True)
+class Choice:
+    name: str
+    kind: str  # KINDS
+    what: str
+    rows: tuple[tuple[str, str], ...]  # the rows it was fitted or chosen on: (artifact, key)
+    commit: str  # the commit that introduced it
+    without: tuple[tuple[str, object], ...] = ()  # (field, value) that reverses it; () where none
+    carriers: tuple[tuple[str, str], ...] = ()  # rows whose prediction carries the term, fitted on runs like them
+    rows_judged_because: str = ""  # a choice naming no row: why the rows it moves stay judged
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"choice {self.name}: kind={self.kind!r} must be one of {KINDS}")
+        if not self.rows and not self.rows_judged_because:
+            raise ValueError(f"choice {self.name}: names no row, so it must say why its rows stay judged")
+
+
+def _rows(key: str) -> tuple[tuple[str, str], ...]:
+    return tuple(FITTED[key])
+
+
+_THROUGHPUT = "gemm_eff_max, tokens_half, elementwise_traffic, ib_efficiency, nvlink_efficiency"
+_MEAN = "chosen on an artifact's mean |error| (one bit over all its rows), not on a row: the rows stay judged"
+H200_FITTED_ROW = ("gpu/h200", "gpt-1.5b stage 3 micro-batch 1")
+MEGATRON_2021 = ("external_runs", "megatron-lm-2021")
+
+CHOICES = (
+    Choice(_THROUGHPUT, "fitted", "V100 compute and link constants (Nelder-Mead on the points' mean |error|; "
+           "width_half, also fitted, went to 0: off)",
+           _rows(_THROUGHPUT), "4ada614"),
+    Choice("reserve_bytes", "fitted", "memory never usable per GPU: 1.70 GiB (grid scan)", _rows("reserve_bytes"),
+           "4ada614"),
+    Choice("fragmentation", "fitted", "fraction of memory lost without M_D: 0.105", _rows("fragmentation"),
+           "4ada614"),
+    Choice("cache_headroom", "fitted", "fraction of free headroom PyTorch's cache holds: 0.42",
+           _rows("cache_headroom"), "4ada614"),
+    Choice("per_hardware", "fitted", "A100 and H100 tokens_half and elementwise_traffic, on each GPU's fit rows",
+           _rows("per_hardware"), "4b2dfcb"),
+    Choice("h200 = h100 compute constants", "mapping", "the H200 takes the H100's fitted tokens_half and "
+           "elementwise_traffic (same die, clocks, power)", (),
+           "4b2dfcb", rows_judged_because="set from datasheets before any H200 row was scored"),
+    Choice("host_cost.GATHER_HOST_S", "fitted", "host seconds per module gathered at stage 3 on a GPU: 70.2 µs; it "
+           "moves two other H200 rows (dp-6b mb 1 +37.8 -> +11.0 %, gpt-1.5b mb 4 +4.2 -> -8.1 %), which carry it; "
+           "the other three stage 3 rows it leaves unchanged", (H200_FITTED_ROW,), "6707047",
+           carriers=(("gpu/h200", "gpt-1.5b stage 3 micro-batch 4"), ("gpu/h200", "dp-6b stage 3 micro-batch 1"))),
+    Choice("ddp_overlap", "switch", "PyTorch DDP (stage 0, MP 1) all-reduces its buckets during backward",
+           (("fig8", "DDP 1.38B"), ("fig8", "DDP 1.16B")), "75e1158", without=(("ddp_overlap", False),)),
+    Choice("zero_os_stage1 (Table 2)", "switch", "Table 2's P_os rows as ZeRO-OS of Feb 2020: no flat gradient "
+           "copy", tuple(("table2", f"MP {mp} P_os measured") for mp in (1, 2, 4, 8, 16)), "72411bb",
+           without=(("zero_os", False),)),
+    Choice("fp32_grad_shard resident", "switch", "DeepSpeed's fp32 gradient shard held past the step",
+           (("fig3", "64 GPUs"), ("fig7", "60B C3")), "4ada614"),
+    Choice("DDP reduction copy transient", "switch", "DDP's flat reduction copy freed before the next forward",
+           (("fig8", "DDP 1.16B"),), "72411bb"),
+    Choice("fig3 batch: largest swept that fits", "switch", "Fig 3 keeps the largest batch of the authors' sweep "
+           "that fits (the largest integer batch reads +34 % at 64 GPUs)", (("fig3", "64 GPUs"),), "534433b"),
+    Choice("overlap_grad_reduce off", "switch", "ZeRO's gradient reduction does not hide behind backward", (),
+           "4ada614", rows_judged_because=_MEAN + " (fig2, fig3, fig7, fig8 with it on and off)"),
+    Choice("stage 3 gathers not overlapped", "switch", "neither profile hides stage 3's gathers behind compute", (),
+           "4ada614", rows_judged_because="kept as the model had it, not re-chosen: the llm-foundry A100 rows "
+           "(validation) were scored with it"),
+    Choice("logits peak summed", "switch", "the logits' peak added to a layer's working set", (), "72411bb",
+           rows_judged_because=_MEAN + " (fig2: 13.5 vs 15.5 %)"),
+    Choice("deepspeed-0.3 for megatron-lm-2021", "mapping", "Megatron-LM 2021's ZeRO-3 runs priced as DeepSpeed's "
+           "2021 stage 3 (list-form collectives, a wait per gather); the mechanism was designed after these six "
+           "runs were first scored (69.1 % mean |error| at 8097880, growing with GPUs)", (MEGATRON_2021,),
+           "b2c03e2"),
+    Choice("host_cost.HOST_OP_S for deepspeed-0.3", "margin", "12.67 µs per list-form host op, measured on this "
+           "engine's H200 calibration and borrowed for DeepSpeed 2021 on A100 hosts", (MEGATRON_2021,), "b2c03e2"),
+    Choice("runtime_bytes, checkpoint_runtime_bytes, mp_sync_table", "fitted", "calibrated CPU profile terms, "
+           "fitted on calibrate's own runs", (), "4ada614",
+           rows_judged_because="model_vs_measured and capacity label every row these terms change `fitted` "
+           "themselves (vs_measured.MEMORY_TERMS, TIME_TERMS) and give the verdict without them"),
+)  # fmt: skip
+
+
+def fitted_rows(artifact: str | None = None) -> dict[tuple[str, str], tuple[str, ...]]:
+    """Every row some choice was fitted or chosen on, or that carries a term fitted on runs like it ->
+    the names of those choices (of `artifact` alone where given)."""
+    out: dict[tuple[str, str], tuple[str, ...]] = {}
+    for c in CHOICES:
+        for row in c.rows + c.carriers:
+            if artifact is None or row[0] == artifact:
+                out[row] = (*out.get(row, ()), c.name)
+    return out
+
+
+def reversible(artifact: str) -> dict[str, dict]:
+    """The choices of `artifact`'s rows that the model can undo: name -> {field: value}."""
+    return {c.name: dict(c.without) for c in CHOICES if c.without and any(a == artifact for a, _ in c.rows)}
+
+
+def markdown() -> str:
+    """The ledger as docs/perfmodel.md prints it."""
+    lines = ["| choice | kind | what | fitted / chosen on | commit |", "|---|---|---|---|---|"]
+    for c in CHOICES:
+        rows = "; ".join(f"{a} {k}" for a, k in c.rows) or f"no row: {c.rows_judged_because}"
+        if c.carriers:
+            rows += f"; carried by {len(c.carriers)} rows: " + "; ".join(k for _, k in c.carriers)
+        lines.append(f"| `{c.name}` | {c.kind} | {c.what} | {rows} | {c.commit} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())
