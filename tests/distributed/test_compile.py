@@ -47,7 +47,7 @@ def _built(rank: int, spec, device: str) -> bool:
 
 
 def test_the_model_is_compiled_where_the_field_says():
-    spec = spec_for("tiny", dp=1, stage=0)
+    spec = spec_for("tiny", dp=1, stage=0, compile="auto")
     assert not threaded(1, _built, spec, "cpu")[0]  # auto, on a cpu: every CPU number stays eager
     assert threaded(1, _built, _with_compile(spec, "on"), "cpu")[0]
     assert threaded(1, _built, spec, "cuda")[0]  # auto, on cuda (built on the meta device: no GPU needed)

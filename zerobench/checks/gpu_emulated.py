@@ -62,7 +62,8 @@ def peaks(out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device:
 
 def sheet(name: str, out: Path, deadline: float, device: str | None = None) -> list[dict]:
     """Part 2 for one sheet: its emulated trials while time is left, then its table and figure."""
-    from zerobench.artifacts.plots.draw import plot  # pandas and matplotlib: after the trials
+    # pandas and matplotlib: not for the trials' processes
+    from zerobench.artifacts.plots.draw import plot
     from zerobench.artifacts.tables import build
 
     path = Path(name) if name.endswith(".yaml") else sheets.SHEET_DIR / f"{name}.yaml"
