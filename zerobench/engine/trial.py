@@ -2,8 +2,10 @@
 
 A record's `source` says where its numbers come from — `measured` (real steps of the engine,
 engine/runtime/train.py), `traced` (the engine under FakeTensorMode, engine/runtime/trace.py),
-`modelled` (the performance model) — and `status` whether the trial produced them (`ok`) or why not (`oom`,
-`infeasible`, `timeout`, `error`, with `error` holding the message). The columns are the fields of
+`emulated` (one rank of any world on one device, engine/runtime/emulate.py: its memory and compute
+measured, its collectives priced by the model), `modelled` (the performance model) — and `status`
+whether the trial produced them (`ok`) or why not (`oom`, `infeasible`, `timeout`, `error`, with
+`error` holding the message). The columns are the fields of
 `TrialRecord`, written here once; `trial_columns` is the one translation of a configuration into
 them, and `configs` the one translation of a trial's field values into the validated configs.
 This module imports no torch, so the workflow's aggregate and report steps stay light.
@@ -11,7 +13,7 @@ This module imports no torch, so the workflow's aggregate and report steps stay 
 Default precision, one rule (`default_precision`): the paper's mixed precision, fp16 (2 + 2 + 12
 bytes per parameter, paper §3.1), unless the trial computes real steps on a CPU, where 16-bit
 matmul is far slower than fp32 (docs/engine-measurements.md), so fp32 (4 + 4 + 8). So `trace`,
-`model` and `estimate` default to fp16, and `run` and `peers` on `--device cpu` to fp32.
+`model` and `estimate` default to fp16, and `run`, `emulate` and `peers` on `--device cpu` to fp32.
 """
 
 from __future__ import annotations
