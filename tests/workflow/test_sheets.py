@@ -254,14 +254,13 @@ def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
 
 def test_every_sheet_names_its_own_registry_entry():
     """An artifact is found from its sheet's name: the sheet's `table` is its name (a sheet of
-    your own borrows `sweep`; an emulated paper sheet, `<artifact>_emulated`, its artifact's), and
-    the schema allows exactly the registry's entries."""
+    your own borrows `sweep`), and the schema allows exactly the registry's entries."""
     from zerobench.artifacts.registry import REGISTRY, resolve
 
     with open(sheets.SCHEMA) as f:
         assert yaml.safe_load(f)["properties"]["table"]["enum"] == list(REGISTRY)
     for path in sorted(sheets.SHEET_DIR.glob("*.yaml")):
-        assert sheets.load_sheet(path)["table"] in (path.stem, path.stem.removesuffix("_emulated"), "sweep"), path.name
+        assert sheets.load_sheet(path)["table"] in (path.stem, "sweep"), path.name
     for name, artifact in REGISTRY.items():
         assert callable(resolve(artifact.table)) and (artifact.plot is None or callable(resolve(artifact.plot))), name
 

@@ -29,6 +29,7 @@ class Artifact:
 
 
 _T, _PT = "zerobench.artifacts.tables:", "zerobench.artifacts.paper_tables:"
+_E = "zerobench.artifacts.emulated_tables:"
 _D, _P, _S = "zerobench.artifacts.plots.draw:", "zerobench.artifacts.plots.paper:", "zerobench.artifacts.plots.scaling:"
 REGISTRY: dict[str, Artifact] = {
     "table1": Artifact(_T + "table1", _P + "table1", (13, 8)),
@@ -47,6 +48,10 @@ REGISTRY: dict[str, Artifact] = {
         joins_trials=True,
         needs_profile=True,
     ),
+    "fig3_emulated": Artifact(_E + "fig3", _S + "fig3_emulated", joins_trials=True),
+    "fig6_emulated": Artifact(_E + "fig6", _P + "fig6", (8, 5), joins_trials=True),
+    "fig7_emulated": Artifact(_E + "fig7", _P + "fig7", (8, 5), joins_trials=True),
+    "fig8_emulated": Artifact(_E + "fig8", _P + "fig8", joins_trials=True),
     "fig5": Artifact(_PT + "fig5", _P + "fig5", (8, 5), joins_trials=True),
     "fig6": Artifact(_PT + "fig6", _P + "fig6", (8, 5), joins_trials=True),
     "fig7": Artifact(_PT + "fig7", _P + "fig7", (8, 5), joins_trials=True),

@@ -4,8 +4,9 @@
    trace of the same trial: the rank's counted tensor peak must equal the trace's exactly (a gate),
    and the caching allocator's peak is set beside it (`emulated_peaks.csv`).
 2. The paper-scale emulated sheets, trial by trial while the deadline allows (Fig 3, then Fig 6:
-   workflows/config/sheets/*_emulated.yaml), each trial `zerobench emulate` in its own process;
-   each sheet's table and figure made from what ran (`<sheet>.csv`, `<sheet>.png`).
+   workflows/config/sheets/*_emulated.yaml), each trial `zerobench emulate` in its own process (a
+   sheet's modelled trials, the line beside, through the model at once); each sheet's table and
+   figure made from what ran (`<sheet>.csv`, `<sheet>.png`).
 
 Every trial runs in a process of its own, killed at the time left (a `timeout` row). Exits 1 when a
 trial errors or the gate fails, with a one-line summary; the numbers go under OUT.
@@ -23,6 +24,7 @@ from zerobench import results
 from zerobench.checks.gpu_check import flags
 from zerobench.engine.fields import takes
 from zerobench.sweeps import sheets
+from zerobench.sweeps.groups import model_trial
 
 SHEETS = ("fig3_emulated", "fig6_emulated")
 RESERVE_S = 20.0  # seconds kept for the tables and figures after the last trial
@@ -71,7 +73,11 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None) -> l
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     records, files = [], []
-    for trial in [t for group in sheets.sheet_trials(spec) for t in group if t["source"] == "emulated"]:
+    trials = [t for group in sheets.sheet_trials(spec) for t in group]
+    for trial in trials:  # a sheet's modelled trials (the line beside): the model's, no device, at once
+        if trial["source"] == "modelled":
+            results.write_record(model_trial(trial), runs / f"{sheets.trial_id(trial)}.json")
+    for trial in [t for t in trials if t["source"] == "emulated"]:
         record_path = runs / f"{sheets.trial_id(trial)}.json"
         left = deadline - time.monotonic() - RESERVE_S
         if left < 30:
@@ -84,7 +90,8 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None) -> l
         print(f"gpu_emulated: {record_path.stem}: {record['status']} micro-batch {record.get('micro_batch')}, "
               f"{record.get('tflops_per_gpu') or 0:.1f} TFLOPS", flush=True)  # fmt: skip
     done = [f for f in files if Path(f).exists()]
-    if done:
+    if done:  # what the emulated trials wrote, and the modelled line beside it
+        done += [str(runs / f"{sheets.trial_id(t)}.json") for t in trials if t["source"] == "modelled"]
         table = spec["table"]
         build(table, done, str(path)).to_csv(out / f"{name}.csv", index=False)
         plot(table, out / f"{name}.csv", out / f"{name}.png", spec["title"])

@@ -2,7 +2,8 @@
 size, with the speed-up), Figs 5-7 (bars for C1-C5), Fig 8 (throughput per size and the largest
 model), Table 1 (a log-scale heatmap of its cells), Table 2 and `today` (one series per GPU).
 
-Ours are bars hatched by source (solid measured, dots traced, slashes modelled, crosses formula),
+Ours are bars hatched by source (solid measured, dots traced, slashes modelled, backslashes
+emulated, crosses formula),
 the paper's numbers hollow black circles, a row with no number its status written in its place.
 """
 
@@ -20,7 +21,7 @@ from zerobench.artifacts.plots.style import COLORS as STAGE_COLORS
 from zerobench.artifacts.plots.style import PAPER
 from zerobench.stages import STAGE_LABELS
 
-HATCH = {"measured": "", "traced": "..", "modelled": "//", "formula": "xx"}
+HATCH = {"measured": "", "traced": "..", "modelled": "//", "emulated": "\\\\", "formula": "xx"}
 SERIES_COLORS = ["tab:blue", "tab:gray", "tab:orange", "tab:green", "tab:red", "tab:purple"]
 CONFIGS = ["C1", "C2", "C3", "C4", "C5"]
 

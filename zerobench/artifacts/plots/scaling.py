@@ -1,6 +1,8 @@
 """Scaling figures on log-2 axes with the perfect-linear line from the first point, so that
-superlinear means above the line: Fig 3 (60B, 64-400 GPUs, paper §10.3) and its measured CPU
-analog (`superlinear`: a fixed model under a fixed per-rank budget, dp 1 -> 2, stage 0 beside 3)."""
+superlinear means above the line: Fig 3 (60B, 64-400 GPUs, paper §10.3), modelled and emulated
+(`fig3_emulated`, one rank on one GPU, the modelled line beside), and its CPU analogs: measured
+(`superlinear`: a fixed model under a fixed per-rank budget, dp 1 -> 2, stage 0 beside 3) and
+emulated (`superlinear_emulated`: one rank of N_d 1-8, per-rank throughput over the one-rank point)."""
 
 from __future__ import annotations
 
@@ -114,3 +116,15 @@ def superlinear_emulated(df: pd.DataFrame, fig) -> None:
     ax2.set_xticks(list(x), [f"N_d={d:g}\nb={b:g}" for d, b in zip(emu.dp, emu.micro_batch, strict=True)])
     ax2.set(ylabel="seconds per step (one rank)")
     ax2.legend(fontsize=7)
+
+
+def fig3_emulated(df: pd.DataFrame, fig) -> None:
+    """Fig 3's form (`fig3`) for the emulated ranks, with the modelled line of the same trials."""
+    fig3(df[df.kind == "emulated"], fig)
+    ax, ax2 = fig.axes
+    modelled = df[df.kind == "modelled"]
+    for a, series in ((ax, "total TFLOPS"), (ax2, "TFLOPS/GPU")):
+        sub = modelled[modelled.series == series].sort_values("gpus")
+        if len(sub):
+            a.plot(sub.gpus, sub.ours, "--", marker=MARKERS["modelled"], color="tab:gray", label="modelled")
+            a.legend(fontsize=7)

@@ -2,5 +2,5 @@
 the paper's points as hollow black circles."""
 
 COLORS = {0: "tab:gray", 1: "tab:blue", 2: "tab:orange", 3: "tab:green"}  # by ZeRO-DP stage
-MARKERS = {"measured": "o", "traced": "s", "modelled": "D", "formula": "^"}  # by source
+MARKERS = {"measured": "o", "traced": "s", "modelled": "D", "emulated": "P", "formula": "^"}  # by source
 PAPER = dict(marker="o", facecolors="none", edgecolors="black", s=90, linewidths=1.3, zorder=5)
