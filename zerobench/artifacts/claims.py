@@ -165,8 +165,8 @@ CLAIMS = (
           cell(_SLE, _SLE_ROW, "per_rank_ratio"), _ref("fig3", "throughput_per_gpu", per=_fig3_per_gpu(64), gpus=128),
           10, holds_above=1.0, holds_on=cell(_SLE, _SLE_ROW, "per_rank_ratio_low")),
     Claim("superlinear_doubling_shared_host", "The same, measured with two real ranks sharing this 2-core host "
-          "(P_os+g+p, per-rank throughput at N_d 2 over N_d 1 in interleaved rounds): the ranks' contention for one "
-          "host's caches and memory bandwidth is in it, which the paper's ranks, a GPU each, did not have", _F3, "x",
+          "(P_os+g+p, per-rank throughput at N_d 2 over N_d 1 in interleaved rounds): the two ranks share one host's "
+          "cores, caches and memory bandwidth, as the paper's ranks, a GPU each, did not", _F3, "x",
           cell(_SL, _SL_ROW, "vs_linear_pct", _per_rank), _ref("fig3", "throughput_per_gpu",
           per=_fig3_per_gpu(64), gpus=128), 10, holds_above=1.0, holds_on=cell(_SL, _SL_ROW, "vs_linear_low_pct",
           _per_rank)),
