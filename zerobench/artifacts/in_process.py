@@ -34,11 +34,12 @@ def _has_modelled_trials(name: str) -> bool:
 
 
 # The paper's performance artifacts: those whose tables join their trials and whose sheets model
-# them (superlinear joins its measured trials to their rounds: nothing of it is modelled)
+# them (superlinear joins its measured trials to their rounds: nothing of it is modelled; an
+# emulated sheet's modelled trials are only the line beside its emulated ranks)
 ARTIFACTS = {
     name: functools.partial(modelled_table, name)
     for name, a in REGISTRY.items()
-    if a.joins_trials and _has_modelled_trials(name)
+    if a.joins_trials and not a.emulated and _has_modelled_trials(name)
 }
 
 

@@ -19,13 +19,15 @@ class Artifact:
     """`table` builds the artifact's table from its records, or from (trial, record) pairs where
     `joins_trials`; then, where `needs_profile`, with the calibrated profile as its second argument.
     `plot` draws the table into a figure of `size` inches (None: ours beside the paper's per row,
-    its height by the rows)."""
+    its height by the rows). `emulated`: its judged rows are emulated ranks (artifacts/emulated_tables.py),
+    so the model's in-process artifacts (artifacts/in_process.py) leave it out."""
 
     table: str
     plot: str | None
     size: tuple[float, float] | None = (13, 5)
     joins_trials: bool = False
     needs_profile: bool = False
+    emulated: bool = False  # its judged rows are emulated ranks, not the performance model's
 
 
 _T, _PT = "zerobench.artifacts.tables:", "zerobench.artifacts.paper_tables:"
@@ -48,10 +50,10 @@ REGISTRY: dict[str, Artifact] = {
         joins_trials=True,
         needs_profile=True,
     ),
-    "fig3_emulated": Artifact(_E + "fig3", _S + "fig3_emulated", joins_trials=True),
-    "fig6_emulated": Artifact(_E + "fig6", _P + "fig6", (8, 5), joins_trials=True),
-    "fig7_emulated": Artifact(_E + "fig7", _P + "fig7", (8, 5), joins_trials=True),
-    "fig8_emulated": Artifact(_E + "fig8", _P + "fig8", joins_trials=True),
+    "fig3_emulated": Artifact(_E + "fig3", _S + "fig3_emulated", joins_trials=True, emulated=True),
+    "fig6_emulated": Artifact(_E + "fig6", _P + "fig6", (8, 5), joins_trials=True, emulated=True),
+    "fig7_emulated": Artifact(_E + "fig7", _P + "fig7", (8, 5), joins_trials=True, emulated=True),
+    "fig8_emulated": Artifact(_E + "fig8", _P + "fig8", joins_trials=True, emulated=True),
     "fig5": Artifact(_PT + "fig5", _P + "fig5", (8, 5), joins_trials=True),
     "fig6": Artifact(_PT + "fig6", _P + "fig6", (8, 5), joins_trials=True),
     "fig7": Artifact(_PT + "fig7", _P + "fig7", (8, 5), joins_trials=True),
