@@ -18,9 +18,7 @@ from zerobench.engine.runtime import allocator
 from zerobench.engine.runtime.procs import process_tree
 from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
-from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
-from zerobench.perfmodel.replay import cluster_of, complete
 from zerobench.results import read_record, write_record
 from zerobench.sweeps.groups import modelled_record, sweep_args
 from zerobench.sweeps.search import listed_flags, run_under_policy
@@ -129,17 +127,9 @@ def cmd_trace(args) -> int:
 
 
 def cmd_emulate(args) -> int:
-    # torch: not for the light commands
-    from zerobench.engine.runtime.devices import hardware_profile
-    from zerobench.engine.runtime.emulate import check, emulate
+    from zerobench.sweeps.emulated import emulated_record  # imports torch
 
-    model, parallel, precision, train = configs(vars(args))
-    cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
-    spec = TrialSpec(model, parallel, precision, train, args.out, data=args.data, mem_cap_bytes=cap)
-    device = check(spec, args.rank)  # before anything runs: a bad rank, device or cluster writes nothing
-    cluster = cluster_of(device.type, hardware_profile(device), args.cluster)
-    get_profile(cluster)
-    record = run_under_policy(spec, vars(args), lambda s: complete(emulate(s, args.rank), cluster))
+    record = emulated_record(vars(args), args.out)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -183,23 +173,10 @@ def cmd_presets(args) -> int:
 
 def cmd_peers(args) -> int:
     # torch, and DeepSpeed where installed
-    from zerobench.peers.harness import IMPLEMENTATIONS, default_impls
-    from zerobench.peers.runner import run_peers, write_csv
+    from zerobench.peers.runner import peers_trial, run_peers, write_csv
     from zerobench.peers.summary import peers_markdown, plot_peers
 
-    model, parallel, precision, train = configs(vars(args))
-    compared = {"cpu": ("fp32",), "cuda": ("fp32", "bf16")}[precision.device]
-    if precision.mode not in compared:
-        raise ConfigError(f"precision={precision.mode}: the peers on {precision.device} compare {'/'.join(compared)}")
-    if train.grad_accum != 1:
-        raise ConfigError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
-    if precision.device == "cuda" and parallel.world_size != 1:
-        raise ConfigError(f"dp={parallel.dp}, mp={parallel.mp}: the peers on cuda compare one GPU (world size 1)")
-    impls = args.impls.split(",") if args.impls else default_impls(parallel.world_size, args.stage)
-    unknown = [i for i in impls if i not in IMPLEMENTATIONS]
-    if unknown:
-        raise ConfigError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
-    spec = TrialSpec(model, parallel, precision, train, timeout_s=args.timeout)
+    spec, impls = peers_trial(vars(args))
     rows = run_peers(spec, impls, rounds=args.rounds)
     write_csv(rows, args.out)
     if args.figure:

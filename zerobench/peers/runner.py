@@ -35,8 +35,9 @@ import statistics
 
 from zerobench import slow_spells
 from zerobench.engine import trial
+from zerobench.engine.config import ConfigError
 from zerobench.engine.runtime import probe
-from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, family, measure, summarise
+from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, default_impls, family, measure, summarise
 from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
 
 COLUMNS = (
@@ -204,6 +205,24 @@ def compare(rows: list[dict]) -> list[dict]:
             if r.get("peak_allocated_bytes") and ours[r["stage"]].get("peak_allocated_bytes"):
                 r["allocated_ratio_ours_over"] = ours[r["stage"]]["peak_allocated_bytes"] / r["peak_allocated_bytes"]
     return rows
+
+
+def peers_trial(values: dict) -> tuple[trial.TrialSpec, list[str]]:
+    """The compared trial and implementations of `zerobench peers`' parsed flags; refuses what the
+    peers cannot compare, naming the field."""
+    model, parallel, precision, train = trial.configs(values)
+    compared = {"cpu": ("fp32",), "cuda": ("fp32", "bf16")}[precision.device]
+    if precision.mode not in compared:
+        raise ConfigError(f"precision={precision.mode}: the peers on {precision.device} compare {'/'.join(compared)}")
+    if train.grad_accum != 1:
+        raise ConfigError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
+    if precision.device == "cuda" and parallel.world_size != 1:
+        raise ConfigError(f"dp={parallel.dp}, mp={parallel.mp}: the peers on cuda compare one GPU (world size 1)")
+    impls = values["impls"].split(",") if values["impls"] else default_impls(parallel.world_size, values["stage"])
+    unknown = [i for i in impls if i not in IMPLEMENTATIONS]
+    if unknown:
+        raise ConfigError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
+    return trial.TrialSpec(model, parallel, precision, train, timeout_s=values["timeout"]), impls
 
 
 def run_peers(spec, impls=None, log=print, rounds: int = 1) -> list[dict]:

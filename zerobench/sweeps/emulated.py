@@ -1,0 +1,27 @@
+"""One emulated trial (`source: emulated`, `zerobench emulate`) from a trial's field values: the
+rank checked before anything runs (a bad rank, device or cluster writes nothing), run under its
+batch/depth policy, each attempt's collectives priced on its cluster (perfmodel/replay.py).
+Imports torch: the CLI imports it when the command runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from zerobench.engine.fields import defaults
+from zerobench.engine.runtime.devices import hardware_profile
+from zerobench.engine.runtime.emulate import check, emulate
+from zerobench.engine.trial import TrialSpec, configs, mib
+from zerobench.perfmodel.hardware import get_profile
+from zerobench.perfmodel.replay import cluster_of, complete
+from zerobench.sweeps.search import run_under_policy
+
+
+def emulated_record(values: Mapping, out: str | None = None) -> dict:
+    """The emulated record of a trial's field values (parsed `zerobench emulate` flags)."""
+    v = {**defaults("emulate"), "command": "emulate", **values}
+    cap = mib(v["mem_cap_mb"], "mem_cap_mb") if v["mem_cap_mb"] is not None else None
+    spec = TrialSpec(*configs(v), out, data=v["data"], mem_cap_bytes=cap)
+    device = check(spec, v["rank"])
+    cluster = cluster_of(device.type, hardware_profile(device), v["cluster"])
+    get_profile(cluster)  # an unknown profile fails here, before the run
+    return run_under_policy(spec, v, lambda s: complete(emulate(s, v["rank"]), cluster))
