@@ -71,7 +71,7 @@ def test_fp16_takes_the_real_paths_and_skips_no_step():
     r = emulate(spec, 5)
     assert r["status"] == "ok" and r["skipped_steps"] == 0
     assert all(math.isfinite(x) for x in r["losses"])
-    assert r["losses"] != sorted(r["losses"], reverse=True) or r["losses"][0] > r["losses"][-1]  # it trains
+    assert len(set(r["losses"])) == len(r["losses"])  # a step each: every loss its own
 
 
 def test_one_rank_has_no_collectives():
@@ -93,17 +93,22 @@ def test_stalls_are_placed_where_the_engine_waits():
     def p(op, group, nbytes):
         return price[op]
 
+    def placed(calls):
+        """(stall, every call's priced seconds) of one step's calls."""
+        shift, priced = stall_s(calls, p)
+        return shift, sum(priced.values())
+
     def call(op, group, issue, wait):
         return {"op": op, "group": group, "bytes": 0, "issue_s": issue, "wait_s": wait}
 
-    assert stall_s([call("a", "dp", 0.0, 3.0)], p) == (0.0, 1.0)  # hidden behind 3 s of compute
-    assert stall_s([call("a", "dp", 0.0, 0.25)], p) == (0.75, 1.0)  # waited for early
-    assert stall_s([call("b", "mp", 1.0, 1.0)], p) == (0.5, 0.5)  # synchronous: all of it
+    assert placed([call("a", "dp", 0.0, 3.0)]) == (0.0, 1.0)  # hidden behind 3 s of compute
+    assert placed([call("a", "dp", 0.0, 0.25)]) == (0.75, 1.0)  # waited for early
+    assert placed([call("b", "mp", 1.0, 1.0)]) == (0.5, 0.5)  # synchronous: all of it
     # one communicator runs its calls in order: the second starts when the first ends
-    assert stall_s([call("a", "dp", 0.0, 5.0), call("a", "dp", 0.0, 1.5)], p) == (0.5, 2.0)
+    assert placed([call("a", "dp", 0.0, 5.0), call("a", "dp", 0.0, 1.5)]) == (0.5, 2.0)
     # two groups run side by side (on one group the second wait would stall 1 s more)
-    assert stall_s([call("a", "dp", 0.0, 0.5), call("a", "mp", 0.0, 0.5)], p) == (0.5, 2.0)
-    assert stall_s([call("a", "dp", 0.0, 0.5), call("a", "dp", 0.0, 0.5)], p) == (1.5, 2.0)
+    assert placed([call("a", "dp", 0.0, 0.5), call("a", "mp", 0.0, 0.5)]) == (0.5, 2.0)
+    assert placed([call("a", "dp", 0.0, 0.5), call("a", "dp", 0.0, 0.5)]) == (1.5, 2.0)
 
 
 @pytest.mark.parametrize(

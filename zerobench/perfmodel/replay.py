@@ -42,32 +42,30 @@ def pricer(hw: HardwareProfile, dp: int, mp: int, cal: Calibration = DEFAULT):
     groups = {"dp": ring(dp, mp, hw, cal), "mp": ring(mp, 1, hw, cal), "world": ring(dp * mp, 1, hw, cal)}
 
     def price(op: str, group: str, nbytes: float) -> float:
-        g = groups[group]
         # a broadcast moves the message once to every rank, as an all-gather's (n-1)/n does
-        return (g.all_reduce if op == "all_reduce" else g.reduce_scatter if op == "reduce_scatter" else g.all_gather)(
-            nbytes
-        )
+        return getattr(groups[group], "all_gather" if op == "broadcast" else op)(nbytes)
 
     return price
 
 
-def stall_s(calls: list[dict], price) -> tuple[float, float]:
-    """(seconds the rank stalls at its waits, seconds of all its calls) for one step's `calls` (see
-    the module's docstring)."""
+def stall_s(calls: list[dict], price) -> tuple[float, dict[str, float]]:
+    """(seconds the rank stalls at its waits, every call's priced seconds by op/group) for one
+    step's `calls` (see the module's docstring)."""
     events = sorted(
         [(c["issue_s"], 0, i) for i, c in enumerate(calls)] + [(c["wait_s"], 1, i) for i, c in enumerate(calls)]
     )
-    shift, free, end, busy = 0.0, {}, {}, 0.0
+    shift, free, end, priced = 0.0, {}, {}, {}
     for t, kind, i in events:
         c = calls[i]
         if kind == 0:  # issued: starts once its group is free
             seconds = price(c["op"], c["group"], c["bytes"])
-            busy += seconds
+            key = f"{c['op']}/{c['group']}"
+            priced[key] = priced.get(key, 0.0) + seconds
             start = max(t + shift, free.get(c["group"], 0.0))
             end[i] = free[c["group"]] = start + seconds
         elif end[i] > t + shift:  # waited for before it is done
             shift += end[i] - (t + shift)
-    return shift, busy
+    return shift, priced
 
 
 def complete(record: dict, cluster: str, cal: Calibration = DEFAULT) -> dict:
@@ -78,21 +76,16 @@ def complete(record: dict, cluster: str, cal: Calibration = DEFAULT) -> dict:
         return {**record, "cluster": cluster}
     hw = get_profile(cluster)
     price = pricer(hw, record["dp"], record["mp"], cal)
-    extra = {k: v for k, v in record.items() if k not in ("step_calls",)}
-    computes = record["compute_times_s"]
+    kept = {k: v for k, v in record.items() if k != "step_calls"}  # the timeline is priced, not kept
     stalls = [stall_s(calls, price) for calls in record["step_calls"]]
-    steps = [c + s for c, (s, _) in zip(computes, stalls, strict=True)]
+    steps = [c + s for c, (s, _) in zip(record["compute_times_s"], stalls, strict=True)]
     step = statistics.median(steps)
-    priced = {}
-    for calls in record["step_calls"][:1]:
-        for c in calls:
-            key = f"{c['op']}/{c['group']}"
-            priced[key] = priced.get(key, 0.0) + price(c["op"], c["group"], c["bytes"])
-    comm = {k: {**v, "modelled_seconds_per_step": priced.get(k)} for k, v in (record.get("comm") or {}).items()}
+    first = stalls[0][1] if stalls else {}
+    comm = {k: {**v, "modelled_seconds_per_step": first.get(k)} for k, v in (record.get("comm") or {}).items()}
     tokens = record["global_batch"] * record["seq"]
     tflops = record["flops_per_gpu_per_step"] / step / 1e12
     return {
-        **extra,
+        **kept,
         "comm": comm,
         "cluster": cluster,
         "step_time_s": step,
@@ -103,6 +96,6 @@ def complete(record: dict, cluster: str, cal: Calibration = DEFAULT) -> dict:
         "tflops_per_gpu": tflops,
         "mfu": mfu(tflops, record.get("hardware")),
         "collective_stall_s": statistics.median(s for s, _ in stalls),  # exposed: what the rank waited
-        "collective_s": statistics.median(b for _, b in stalls),  # every call's priced time, hidden or not
+        "collective_s": statistics.median(sum(p.values()) for _, p in stalls),  # every call's, hidden or not
         "step_calls_count": len(record["step_calls"][0]) if record["step_calls"] else 0,
     }
