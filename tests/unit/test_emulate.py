@@ -83,7 +83,7 @@ def test_a_tensor_peak_over_the_cap_is_oom():
     spec = spec_for("tiny", dp=2, stage=0, steps=1)
     peak = emulate(spec, 0)["tensor_peak_bytes"]
     capped = emulate(spec.__class__(**{**spec.__dict__, "mem_cap_bytes": peak - 1}), 0)
-    assert capped["status"] == "oom" and "exceeds the cap" in capped["error"]
+    assert capped["status"] == "oom" and "over the cap" in capped["error"]
     assert emulate(spec.__class__(**{**spec.__dict__, "mem_cap_bytes": peak}), 0)["status"] == "ok"
 
 

@@ -32,7 +32,7 @@ from zerobench.engine.runtime.counter import LiveCounter
 from zerobench.engine.runtime.devices import StepTimer, hardware_profile
 from zerobench.engine.runtime.launch import classify
 from zerobench.engine.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
-from zerobench.engine.runtime.train import StepLog, train_steps
+from zerobench.engine.runtime.train import StepLog, cap_error, train_steps
 from zerobench.engine.trial import TrialSpec, short_error
 from zerobench.engine.zero.buffers import no_reuse
 
@@ -104,10 +104,8 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
             mbs = [(x.to(device), y.to(device)) for x, y in rank_micro_batches(spec, ctx.dp.rank)]
             counted = counted_step(engine, comms, counter, mbs)  # the first step: bytes as the trace counts
         del mbs
-        over = spec.mem_cap_bytes is not None and not cuda and counted["peak_bytes"] > spec.mem_cap_bytes
-        if over:  # on a host nothing fails to allocate: the counted peak is held against the cap
-            error = (f"tensor peak {counted['peak_bytes'] / 2**20:.1f} MiB per rank exceeds the cap of "
-                     f"{spec.mem_cap_bytes / 2**20:.1f} MiB")  # fmt: skip
+        # on a host nothing fails to allocate: the counted peak is held against the cap
+        if not cuda and (error := cap_error(spec, counted["peak_bytes"], "tensor peak")):
             return spec.record("emulated", status="oom", error=error, extra=_extra(rank))
         log = StepLog(spec, 0, device)
         # the counted step is the first warm-up step (the data a real run's step 0 takes), so the
@@ -148,8 +146,6 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
             **_extra(rank),
             "memory_budget": budget,
             "compute_s": statistics.median(times),  # the step with collectives doing nothing
-            "compute_min_s": min(times),
-            "compute_max_s": max(times),
             "compute_times_s": times,
             "flops_per_gpu_per_step": spec.tflops_per_gpu(1.0) * 1e12,  # the paper's convention (flops.py)
             "step_calls": steps,  # per timed step: each call, issued and waited for (s from the step's start)

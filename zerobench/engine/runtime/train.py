@@ -100,11 +100,11 @@ class StepLog:
               file=sys.stderr, flush=True)  # fmt: skip
 
 
-def _check_cap(spec: TrialSpec, used: float, what: str) -> str | None:
+def cap_error(spec: TrialSpec, used: float, what: str) -> str | None:
     """The oom message when `used` bytes per rank exceed the trial's memory cap, else None."""
     if spec.mem_cap_bytes is None or used <= spec.mem_cap_bytes:
         return None
-    return f"{what} {used / 2**20:.1f} MiB per rank exceed the cap of {spec.mem_cap_bytes / 2**20:.1f} MiB"
+    return f"{what}: {used / 2**20:.1f} MiB per rank, over the cap of {spec.mem_cap_bytes / 2**20:.1f} MiB"
 
 
 def measure(spec: TrialSpec, ctx, device) -> dict:
@@ -125,7 +125,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     if spec.mem_cap_bytes is not None:  # model states alone over the cap: stop before training (every rank)
         states = torch.tensor([float(sum(engine.model_state_bytes().values()))], dtype=torch.float64, device=device)
         Comms().all_reduce(states, ctx.world, op=dist.ReduceOp.MAX)
-        if message := _check_cap(spec, float(states), "model states"):
+        if message := cap_error(spec, float(states), "model states"):
             raise MemoryError(message)
     log = StepLog(spec, ctx.rank, device)
     first = snapshot.load(engine, spec.resume)["data_position"] if spec.resume else 0
@@ -165,7 +165,7 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     cuda = device.type == "cuda"
     store = checkpoint_store(engine.model)  # activation checkpoints (ZeRO-R P_a, P_a+cpu)
     # what the cap is checked against: memory the trial added on CPU, peak allocated on GPU
-    over = _check_cap(spec, float(peaks[1] if cuda else peaks[3]), "peak allocated" if cuda else "peak RSS growth")
+    over = cap_error(spec, float(peaks[1] if cuda else peaks[3]), "peak allocated" if cuda else "peak RSS growth")
     return spec.record(
         "measured",
         status="oom" if over else "ok",
