@@ -16,6 +16,8 @@ import pytest
 import yaml
 from test_workflow import ROOT, _copy_workflow, snakemake
 
+from zerobench.sweeps.sheets import load_sheet, sheet_trials
+
 CLUSTER = ROOT / "scripts/slurm_cluster.sh"
 TRIAL = ["--model", "tiny", "--dp", "2", "--stage", "3", "--precision", "bf16", "--steps", "2", "--warmup", "1"]
 
@@ -136,12 +138,13 @@ def test_slurm_gpu_profile_plans_the_emulated_paper_sheets_one_gpu_each(tmp_path
     """The paper-scale emulated sheets (one rank of 64-400 GPUs each): every trial one job on one GPU,
     whatever its world's size, started once (no srun), on cuda under the V100's 32 GB."""
     repo = _copy_workflow(tmp_path / "repo")
-    sheets = "[fig3_emulated,fig6_emulated,fig7_emulated,fig8_emulated]"
+    names = ["fig3_emulated", "fig6_emulated", "fig7_emulated", "fig8_emulated"]
     out = snakemake("-n", "-p", "--workflow-profile", "workflows/profiles/slurm", "--config", "device=cuda",
-                    f"sheets={sheets}", cwd=repo)  # fmt: skip
+                    f"sheets=[{','.join(names)}]", cwd=repo)  # fmt: skip
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     jobs = _run_trial_jobs(out.stdout, "emulate_trial")
-    assert len(jobs) == 4 + 7 + 10 + 6, len(jobs)
+    planned = [t for n in names for g in sheet_trials(load_sheet(n)) for t in g if t["source"] == "emulated"]
+    assert len(jobs) == len(planned) == 27, len(jobs)
     for resources, shell in jobs:
         assert resources["gpu"] == "1" and "srun" not in shell, (resources, shell)
         assert "python -m zerobench.cli emulate --device cuda" in shell and "--mem-cap-mb 32768" in shell, shell

@@ -43,6 +43,12 @@ class Timeline:
     def mark(self):
         return self.marks.mark(self.device)
 
+    def add(self, op: str, group: str, nbytes: int) -> list:
+        """A call issued now (its wait mark the same until it is waited for)."""
+        mark = self.mark()
+        self.calls.append([op, group, nbytes, mark, mark])
+        return self.calls[-1]
+
     def begin(self) -> None:
         """A new step starts now: the calls noted so far are dropped."""
         self.calls, self.start = [], self.mark()
@@ -79,9 +85,7 @@ class EmulatedComms(Comms):
 
     def _note(self, op: str, group: Group, whole: torch.Tensor, async_op: bool) -> Handle:
         entry = self.ledger.record(op, group.name, whole.numel(), whole.element_size(), group.size)
-        mark = self.timeline.mark()
-        call = [op, group.name, whole.numel() * whole.element_size(), mark, mark]
-        self.timeline.calls.append(call)
+        call = self.timeline.add(op, group.name, whole.numel() * whole.element_size())
         return _Pending(call, self.timeline) if async_op else Handle(None, entry)
 
     def all_reduce(self, t: torch.Tensor, group: Group, op=dist.ReduceOp.SUM, async_op=False) -> Handle:
