@@ -27,11 +27,11 @@ def _fake_cli(peak_of):
 
 
 def test_emulated_gates(monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(gpu_emulated, "_cli", _fake_cli(lambda c, v: 100))
+    monkeypatch.setattr(gpu_emulated, "run_cli", _fake_cli(lambda c, v: 100))
     assert gpu_emulated.main([str(tmp_path), "--sheets", ""]) == 0
-    monkeypatch.setattr(gpu_emulated, "_cli", _fake_cli(lambda c, v: 100 + (c == "emulate" and v["stage"] == 2)))
+    monkeypatch.setattr(gpu_emulated, "run_cli", _fake_cli(lambda c, v: 100 + (c == "emulate" and v["stage"] == 2)))
     assert gpu_emulated.main([str(tmp_path), "--sheets", ""]) == 1  # stage 2's peak is not the trace's
-    monkeypatch.setattr(gpu_emulated, "_cli", _fake_cli(lambda c, v: None if c == "emulate" else 100))
+    monkeypatch.setattr(gpu_emulated, "run_cli", _fake_cli(lambda c, v: None if c == "emulate" else 100))
     assert gpu_emulated.main([str(tmp_path), "--sheets", ""]) == 1  # an emulated trial errored
 
 

@@ -59,10 +59,12 @@ def flags(values: dict) -> list[str]:
     return out
 
 
-def _run(values: dict, out: Path, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "zerobench.cli", "run", *flags(values), "--out", str(out)]
+def run_cli(command: str, values: dict, out: Path, timeout: float) -> dict:
+    """`zerobench <command>` of trial `values` in its own process (an OOM or a crash ends only it);
+    its record, or a `timeout` row where it wrote none in time."""
+    cmd = [sys.executable, "-m", "zerobench.cli", command, *flags(values), "--out", str(out)]
     try:
-        subprocess.run(cmd, timeout=timeout, check=False)
+        subprocess.run(cmd, timeout=max(1.0, timeout), check=False)
     except subprocess.TimeoutExpired:
         pass
     if out.exists():
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"gpu_check: budget spent; skipping {model} stage {stage} micro-batch {mb}", flush=True)
                     continue
                 values = trial(model, stage, mb)
-                rec = _run(values, runs / f"{model}-s{stage}-mb{mb}.json", timeout=left)
+                rec = run_cli("run", values, runs / f"{model}-s{stage}-mb{mb}.json", timeout=left)
                 print(f"gpu_check: {model} stage {stage} mb {mb}: {rec['status']} "
                       f"{rec.get('tflops_per_gpu') or 0:.1f} TFLOPS", flush=True)  # fmt: skip
                 rows.append(compare_row(rec, values, {"": rec.get("hardware"), "calibrated_": calibrated}))

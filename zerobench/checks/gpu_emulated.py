@@ -15,13 +15,12 @@ trial errors or the gate fails, with a one-line summary; the numbers go under OU
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from zerobench import results
-from zerobench.checks.gpu_check import flags
+from zerobench.checks.gpu_check import run_cli
 from zerobench.engine.fields import takes
 from zerobench.sweeps import sheets
 from zerobench.sweeps.groups import model_trial
@@ -32,27 +31,15 @@ PEAKS = ("status", "error", "stage", "tensor_peak_bytes", "traced_peak_bytes", "
          "peak_reserved_bytes", "step_time_s", "compute_s", "collective_stall_s")  # fmt: skip
 
 
-def _cli(command: str, values: dict, out: Path, timeout: float) -> dict:
-    """`zerobench <command>` of trial `values` in its own process; its record, or a `timeout` row."""
-    cmd = [sys.executable, "-m", "zerobench.cli", command, *flags(values), "--out", str(out)]
-    try:
-        subprocess.run(cmd, timeout=max(1.0, timeout), check=False)
-    except subprocess.TimeoutExpired:
-        pass
-    if out.exists():
-        return results.read_record(out)
-    return {"status": "timeout", "error": f"no record after {timeout:.0f} s", **values}
-
-
 def peaks(out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device: str = "cuda") -> list[dict]:
     """Part 1: each stage's emulated rank beside its trace (see above)."""
     rows = []
     for stage in (1, 2, 3):
         values = {"model": model, "dp": dp, "stage": stage, "precision": "bf16", "checkpoint_activations": True,
                   "micro_batch": 1}  # fmt: skip
-        trace = _cli("trace", values, out / f"traced-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
+        trace = run_cli("trace", values, out / f"traced-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
         run = {**values, "device": device, "compile": "off", "steps": 2, "warmup": 1}
-        record = _cli("emulate", run, out / f"emulated-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
+        record = run_cli("emulate", run, out / f"emulated-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
         row = {k: record.get(k) for k in PEAKS}
         row.update(stage=stage, traced_peak_bytes=trace.get("peak_allocated_bytes"))
         row["equal"] = row["status"] == "ok" and row["tensor_peak_bytes"] == row["traced_peak_bytes"]
@@ -84,7 +71,7 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None) -> l
             print(f"gpu_emulated: {name}: no time left for {record_path.stem}", flush=True)
             continue
         values = {k: v for k, v in trial.items() if k != "source" and takes("emulate", k)}
-        record = _cli("emulate", {**values, **({"device": device} if device else {})}, record_path, left)
+        record = run_cli("emulate", {**values, **({"device": device} if device else {})}, record_path, left)
         records.append(record)
         files.append(str(record_path))
         print(f"gpu_emulated: {record_path.stem}: {record['status']} micro-batch {record.get('micro_batch')}, "
