@@ -49,6 +49,16 @@ FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype (config.Precisi
 # communicator on 4 NVLink A100s (NVIDIA/nccl#964), over 1 GB on H100/H200 nodes with NVLS
 # (NVIDIA/nccl#864). scripts/gpu_node_check.sh measures it on its node (docs/gpu.md).
 NCCL_COMMUNICATOR_BYTES = 2**30
+# The CUDA context a process creates on its device, outside the caching allocator: about 400 MB with
+# lazy module loading (CUDA >= 11.7; PyTorch's maintainers, pytorch/pytorch#109888). An assumption
+# until a device measures it (torch.cuda.mem_get_info before and after the first CUDA call).
+CUDA_CONTEXT_BYTES = 400e6
+
+
+def outside_allocator_bytes(dp: int, mp: int) -> float:
+    """What a GPU rank of a dp × mp layout holds outside the caching allocator: the CUDA context and
+    NCCL's buffers per communicator (both assumptions, above)."""
+    return CUDA_CONTEXT_BYTES + communicators(dp, mp) * NCCL_COMMUNICATOR_BYTES
 
 
 def compute_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
