@@ -38,6 +38,7 @@ def _assert_equal_to_trace(spec, rank=0):
     assert r["activation_bytes"] == traced["activation_bytes"]
     assert r["tensor_peak_bytes"] == traced["peak_bytes"]
     assert r["peak_breakdown"] == traced["peak_breakdown"]
+    assert r["host_peak_bytes"] == traced["host_peak_bytes"]  # P_a+cpu's checkpoints, off the device
     assert r["temporary_bytes"] == traced["high"]["temporary"]
     assert r["tensor_build_peak_bytes"] == traced["build_peak"]
     # the ledger of the timed steps, per step, is the trace's one step
@@ -64,6 +65,7 @@ def test_tensor_bytes_equal_the_trace_with_mp_and_zero_r():
                         checkpoint_activations=True, partition_activations=True, **extra)  # fmt: skip
         r = _assert_equal_to_trace(spec, rank=3)  # an MP rank 1 of DP rank 1: its real slice
         assert r["comm"]["all_reduce/mp"]["calls"] > 0 and r["comm"]["all_gather/mp"]["calls"] > 0
+        assert (r["host_peak_bytes"] > 0) == bool(extra)  # the host holds the offloaded checkpoints alone
 
 
 def test_fp16_takes_the_real_paths_and_skips_no_step():

@@ -14,7 +14,7 @@ from zerobench.engine.config import ParallelConfig, PrecisionConfig
 from zerobench.engine.model import GPT
 from zerobench.engine.runtime.counter import StorageCounter
 from zerobench.engine.runtime.trace import fake_world, trace_record, trace_states, trace_step
-from zerobench.engine.trial import TrialSpec
+from zerobench.engine.trial import TrialSpec, configs
 
 
 def test_counter_files_bytes_by_category_and_keeps_the_peak():
@@ -31,6 +31,39 @@ def test_counter_files_bytes_by_category_and_keeps_the_peak():
         assert c.peak_bytes["temporary"] == 2000
         del view
     assert c.bytes["param"] == 4000  # `a` is alive
+
+
+def test_counter_keeps_the_host_apart_from_the_device():
+    with StorageCounter() as c:
+        c.phase = "activation"
+        a = torch.empty(1000)  # 4000 bytes on the device
+        with c.booking("host"):
+            h = torch.empty(500)  # 2000 bytes the engine allocates for the host
+        assert c.bytes["activation"] == 4000 and c.total == 4000 and c.host_peak == 2000
+        assert c.peak == 4000 and "host" not in c.peak_bytes
+        b = torch.empty(10)  # the booking ended: the device's again
+        assert c.total == 4040
+        del h
+        assert c.bytes["host"] == 0 and c.host_peak == 2000
+    del a, b
+    with StorageCounter(device_type="cuda") as c:  # a storage on another device than the counter's is the host's
+        c.phase = "activation"
+        h = torch.empty(100)
+        assert c.total == 0 and c.bytes["host"] == 400
+
+
+@pytest.mark.parametrize("layers", [3, 8])
+def test_offloaded_checkpoints_leave_the_device(layers):
+    """The paper's 100B shape (Fig 6: MP 16, micro-batch 32) on a GPU's semantics, fewer layers:
+    C5 (P_a+cpu) holds on the device what C4 (P_a) holds less the checkpoints it moved to the host,
+    one per layer of b·s·h·2 / N_m bytes, all but the one chunk staged back for the recomputation."""
+    traced = {}
+    for zc in ("C4", "C5"):
+        values = dict(model="gpt-100b", layers=layers, dp=25, mp=16, zero_config=zc, micro_batch=32, device="cuda")
+        traced[zc] = trace_step(TrialSpec(*configs({**values, "checkpoint_activations": True, "command": "trace"})))
+    chunk = 32 * 1024 * 8192 * 2 // 16
+    assert traced["C4"]["host_peak_bytes"] == 0 and traced["C5"]["host_peak_bytes"] == layers * chunk
+    assert traced["C4"]["peak_bytes"] - traced["C5"]["peak_bytes"] == (layers - 1) * chunk
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -2,6 +2,13 @@
 fake tensors) and the emulated rank's tensor bytes (runtime/emulate.py, real tensors) are counted
 by the same code, so the two can be held equal byte for byte.
 
+Each storage is booked against the device it lives on: the peak and its breakdown are the compute
+device's alone; what lives on the host (P_a+cpu's offloaded checkpoints, paper §6.1) is `host`, a
+figure of its own with its own peak (`host_peak`). A storage is on the host when it is on another
+device than the counter's, or when the engine allocates it for the host (`booking("host")`): a
+trace builds every fake tensor on one fake device, and an emulated CPU rank stands for a GPU rank
+whose host is apart.
+
 Not `torch.distributed._tools.mem_tracker.MemTracker`: MemTracker recognises only nn.Parameter
 storages, `torch.optim` states and `.grad` tensors, while this engine keeps its states in flat
 buffers of its own (it would file gradients and optimizer states as "other" and stage 3's gathered
@@ -11,6 +18,7 @@ parameters as activations), and it grows super-linearly with the tensors tracked
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -18,7 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-CATEGORIES = ("param", "grad", "optimizer", "activation", "temporary", "other")
+CATEGORIES = ("param", "grad", "optimizer", "activation", "temporary", "other", "host")
+HOST = "host"  # the one category not on the compute device
 _DEVICE = torch.ops.prim.device.default  # the argument parser asks for it more than once per op
 
 
@@ -30,18 +39,31 @@ class _Counting:
     although the step creates them (stage 2's gradient staging buckets, stage 3's gathered
     parameter buckets)."""
 
-    def _start_counting(self, retag) -> None:
+    def _start_counting(self, retag, device_type: str) -> None:
         self.phase = "other"
         self.retag = retag
+        self.device_type = device_type  # the compute device's type: a storage elsewhere is the host's
         self._live: dict[int, list] = {}  # id(storage) -> [weakref, bytes, category]
         self.bytes = dict.fromkeys(CATEGORIES, 0)  # live now
         self.high = dict.fromkeys(CATEGORIES, 0)  # each category's own high-water mark
-        self.total = 0
+        self.total = 0  # on the compute device (every category but the host's)
         self._fresh = False
         self.reset_peak()
 
     def reset_peak(self) -> None:
-        self.peak, self.peak_bytes = self.total, dict(self.bytes)
+        """The device's peak and breakdown restart from now, and the host's peak too."""
+        self.peak = self.total
+        self.peak_bytes = {k: v for k, v in self.bytes.items() if k != HOST}
+        self.host_peak = self.bytes[HOST]
+
+    @contextmanager
+    def booking(self, category: str):
+        """Storages made inside are booked under `category` (the engine's host allocations)."""
+        phase, self.phase = self.phase, category
+        try:
+            yield
+        finally:
+            self.phase = phase
 
     def reset_high(self) -> None:
         self.high = dict(self.bytes)
@@ -58,8 +80,8 @@ class _Counting:
                 self._see(t, category, force=True)
         for t in tree_leaves(out):
             # a meta tensor (the model before the engine builds it) is a shape, not memory
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided and self._device_type(t) != "meta":
-                self._see(t, self.phase)
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and (kind := self._device_type(t)) != "meta":
+                self._see(t, self.phase if kind == self.device_type else HOST)
         if self.total >= self.peak:  # >=: what the last op allocated was retagged by this one
             self.reset_peak()
 
@@ -69,20 +91,24 @@ class _Counting:
         if entry is None:
             n = st.nbytes()
             self._live[id(st)] = [weakref.ref(st, partial(self._free, id(st))), n, category]
-            self.bytes[category] += n
-            self.total += n
+            self._add(category, n)
             self._fresh = True
-            self.high[category] = max(self.high[category], self.bytes[category])
         elif force and entry[2] != category:
-            self.bytes[entry[2]] -= entry[1]
-            self.bytes[category] += entry[1]
+            self._add(entry[2], -entry[1])
+            self._add(category, entry[1])
             entry[2] = category
-            self.high[category] = max(self.high[category], self.bytes[category])
+
+    def _add(self, category: str, n: int) -> None:
+        self.bytes[category] += n
+        self.high[category] = max(self.high[category], self.bytes[category])
+        if category == HOST:
+            self.host_peak = max(self.host_peak, self.bytes[HOST])
+        else:
+            self.total += n
 
     def _free(self, key: int, _ref) -> None:
         _, n, category = self._live.pop(key)
-        self.bytes[category] -= n
-        self.total -= n
+        self._add(category, -n)
 
 
 class StorageCounter(_Counting, FakeTensorMode):
@@ -97,11 +123,11 @@ class StorageCounter(_Counting, FakeTensorMode):
     every Parameter, and `Module._apply` then refuses to swap fake parameters (pytorch#178584); a
     fresh meta tensor is never looked up again, so nothing is lost by not memoizing."""
 
-    def __init__(self, retag=lambda: ()):
+    def __init__(self, retag=lambda: (), device_type: str = "cpu"):
         super().__init__()
         self.fake_tensor_converter.set_tensor_memo = lambda t, v: None
         self._depth = 0  # ops under way: FakeTensorMode re-enters itself to decompose
-        self._start_counting(retag)
+        self._start_counting(retag, device_type)
 
     @staticmethod
     def _device_type(t: torch.Tensor) -> str:
@@ -124,9 +150,9 @@ class LiveCounter(_Counting, TorchDispatchMode):
     """The same count over real tensors (`_Counting`): every op runs, on its real device. Each op
     crosses into Python once, so a step under it runs slower: time steps outside it."""
 
-    def __init__(self, retag=lambda: ()):
+    def __init__(self, retag=lambda: (), device_type: str = "cpu"):
         super().__init__()
-        self._start_counting(retag)
+        self._start_counting(retag, device_type)
 
     @staticmethod
     def _device_type(t: torch.Tensor) -> str:

@@ -98,7 +98,7 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
     with fake_world(spec.parallel.world_size, rank):
         ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
         comms = EmulatedComms(device)
-        with LiveCounter() as counter, no_reuse():
+        with LiveCounter(device_type=device.type) as counter, no_reuse():
             engine = build_counted(spec, ctx, comms, counter, device)
             build_peak = torch.cuda.max_memory_allocated(device) if cuda else counter.build_peak
             mbs = [(x.to(device), y.to(device)) for x, y in rank_micro_batches(spec, ctx.dp.rank)]
@@ -152,6 +152,7 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
             "tensor_peak_bytes": counted["peak_bytes"],  # the counter's, as the trace's peak_allocated_bytes
             "tensor_build_peak_bytes": counted["build_peak"],
             "peak_breakdown": counted["peak_breakdown"],
+            "host_peak_bytes": counted["host_peak_bytes"],
             "high_water_bytes": counted["high"],
             "temporary_bytes": counted["high"]["temporary"],
             "rss_growth_bytes": peak_rss - rss_base,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -22,9 +23,10 @@ from zerobench import memory
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.runtime.batches import micro_batches, token_source
-from zerobench.engine.runtime.counter import StorageCounter
+from zerobench.engine.runtime.counter import HOST, StorageCounter
 from zerobench.engine.runtime.train import build_engine
 from zerobench.engine.trial import TrialSpec, short_error
+from zerobench.engine.zero.activations import checkpoint_store
 
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category
 
@@ -59,6 +61,8 @@ def build_counted(spec: TrialSpec, ctx, comms: Comms, counter, device: torch.dev
     """`build_engine` under `counter` (a counter of runtime/counter.py, entered by the caller): the
     engine's model states filed by category and the construction's peak noted (`build_peak`)."""
     engine = build_engine(spec, ctx, comms, device)
+    if (store := checkpoint_store(engine.model)) is not None:  # P_a+cpu's checkpoints: the host's
+        store.host_booking = partial(counter.booking, HOST)
     counter.build_peak = counter.peak  # the construction's own peak, before any step resets it
     for category, tensors in _state_tensors(engine).items():
         counter.tag(tensors, category)
@@ -88,6 +92,7 @@ def counted_step(engine, comms: Comms, counter, mbs: list) -> dict:
         "activation_bytes": activation,
         "peak_bytes": counter.peak,
         "peak_breakdown": counter.peak_bytes,
+        "host_peak_bytes": counter.host_peak,
         "high": dict(counter.high),
         "engine_state_bytes": engine.model_state_bytes(),
         "build_peak": counter.build_peak,
@@ -180,7 +185,8 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
             "memory_counter": COUNTER,
             "temporary_bytes": out["high"]["temporary"],  # its own high-water mark in the step
             "other_bytes": after["other"],  # small tensors left from the build (Adam's step counts)
-            "peak_breakdown": peak,  # by category at the peak
+            "peak_breakdown": peak,  # by category at the peak, on the device
+            "host_peak_bytes": out["host_peak_bytes"],  # on the host (P_a+cpu's checkpoints), apart
             "high_water_bytes": out["high"],  # each category's own maximum in the step
             "engine_model_state_bytes": out["engine_state_bytes"],
             "trace_seconds": seconds,

@@ -16,6 +16,7 @@ post-accumulate-grad hooks fire as usual.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -55,11 +56,15 @@ class CheckpointStore:
         self._slots: torch.Tensor | None = None  # M_D: [layers, kept] on the device, or on host with offload
         self._gathered: torch.Tensor | None = None  # M_D: one whole checkpoint, reused layer by layer
         self._reload: torch.Tensor | None = None  # M_D with offload: one chunk's way back
+        # entered around each host allocation: a memory counter books what is made inside as the
+        # host's (runtime/counter.py), where host and device are one (a CPU rank, a trace)
+        self.host_booking = contextlib.nullcontext
 
     def _new(self, numel: int, like: torch.Tensor, host: bool = False) -> torch.Tensor:
         self.allocations += 1
         if host:  # pinned where there is a GPU to copy from, so the copies can be asynchronous
-            return torch.empty(numel, dtype=like.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+            with self.host_booking():
+                return torch.empty(numel, dtype=like.dtype, device="cpu", pin_memory=torch.cuda.is_available())
         return torch.empty(numel, dtype=like.dtype, device=like.device)
 
     def _buffer(self, name: str, numel: int, like: torch.Tensor, host: bool = False) -> torch.Tensor:
