@@ -49,7 +49,7 @@ def test_counter_keeps_the_host_apart_from_the_device():
     with StorageCounter(device_type="cuda") as c:  # a storage on another device than the counter's is the host's
         c.phase = "activation"
         h = torch.empty(100)
-        assert c.total == 0 and c.bytes["host"] == 400
+        assert c.total == 0 and c.bytes["host"] == h.nbytes == 400
 
 
 @pytest.mark.parametrize("layers", [3, 8])
