@@ -167,8 +167,10 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="train.lr"),
     Field("clip_norm", float, "global gradient-norm clip; 0 disables it", "train", _T.clip_norm, "clip",
           schema={"minimum": 0}, sets="train.clip_norm"),
-    Field("device", str, "cpu (gloo) or cuda (NCCL); the workflow's config sets it for every trial unless the "
-          "sheet's trial sets its own", "train", "cpu", "", column=("device", "precision.device")),
+    Field("device", str, "cpu (gloo) or cuda (NCCL); default cpu, and cuda's semantics for a trace (it computes "
+          "nothing, so it traces the GPUs the paper ran on); the workflow's config sets it for every measured or "
+          "emulated trial unless the sheet's trial sets its own", "train", None, "",
+          column=("device", "precision.device")),
     Field("gpus_per_node", int, "override the profile's node size", "hardware", tag="gpn", commands=PREDICTS,
           schema=_POSITIVE),
     Field("weight_decay", float, "AdamW's decoupled weight decay", "train", _T.weight_decay, "wd",

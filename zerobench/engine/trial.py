@@ -14,6 +14,8 @@ Default precision, one rule (`default_precision`): the paper's mixed precision, 
 bytes per parameter, paper §3.1), unless the trial computes real steps on a CPU, where 16-bit
 matmul is far slower than fp32 (docs/engine-measurements.md), so fp32 (4 + 4 + 8). So `trace`,
 `model` and `estimate` default to fp16, and `run`, `emulate` and `peers` on `--device cpu` to fp32.
+Default device, one rule (`default_device`): cpu, but a trace takes a GPU's semantics (it computes
+nothing; `--device cpu` traces a CPU host, which computes 16-bit storage in fp32).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ from zerobench.engine.fields import FIELDS, SOURCES, MiB
 
 STATUSES = ("ok", "oom", "infeasible", "timeout", "error")
 COMPUTING_COMMANDS = ("run", "peers", "emulate")  # the commands that compute real steps (default_precision)
+
+
+def default_device(command: str | None) -> str:
+    """cpu, except for a trace: it computes nothing, so it traces the device the paper's numbers are
+    of, a GPU computing in the storage dtype (on a CPU 16-bit storage computes in fp32)."""
+    return "cuda" if command == "trace" else "cpu"
 
 
 def default_precision(device: str, computes: bool) -> str:
@@ -259,8 +267,9 @@ def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConf
     parallel = ParallelConfig(dp=1 if dp is None else dp, **zero, **_attributes(sets, "parallel"))
     parallel.check_model(model)
     computes = args.command in COMPUTING_COMMANDS
-    mode = args.precision or default_precision(args.device, computes)
-    precision = PrecisionConfig(mode=mode, device=args.device)
+    device = args.device or default_device(args.command)
+    mode = args.precision or default_precision(device, computes)
+    precision = PrecisionConfig(mode=mode, device=device)
     train = TrainConfig(**_attributes(sets, "train"))
     return model, parallel, precision, train
 

@@ -148,6 +148,15 @@ def trace_step(spec: TrialSpec) -> dict:
         return {**out, "build_s": built - t0, "step_s": time.perf_counter() - built}
 
 
+def device_semantics(spec: TrialSpec) -> str:
+    """What the trace's device means for its bytes (a record says it: the activations double where
+    16-bit storage computes in fp32)."""
+    compute = str(spec.precision.compute_dtype).removeprefix("torch.")
+    if spec.precision.device == "cuda":
+        return f"cuda: a GPU's, computing in the storage dtype ({compute})"
+    return f"cpu: a CPU host's, computing in {compute} whatever the storage ({spec.precision.mode})"
+
+
 def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
     """One `traced` record of `spec` (the CLI's `zerobench trace`); errors become status `error`.
     `states_only`: the engine built and its model states counted, no step (Table 1's cells)."""
@@ -160,7 +169,8 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
         return spec.record(
             "traced", param_bytes=states["param"], grad_bytes=states["grad"], optimizer_bytes=states["optimizer"],
             build_peak_bytes=states["build_peak"],
-            extra={"memory_counter": COUNTER, "states_only": True, "trace_cpu_seconds": time.process_time() - cpu0},
+            extra={"memory_counter": COUNTER, "states_only": True, "device_semantics": device_semantics(spec),
+                   "trace_cpu_seconds": time.process_time() - cpu0},
         )  # fmt: skip
     try:
         out = trace_step(spec)
@@ -183,6 +193,7 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
         comm=comm,
         extra={
             "memory_counter": COUNTER,
+            "device_semantics": device_semantics(spec),
             "temporary_bytes": out["high"]["temporary"],  # its own high-water mark in the step
             "other_bytes": after["other"],  # small tensors left from the build (Adam's step counts)
             "peak_breakdown": peak,  # by category at the peak, on the device
