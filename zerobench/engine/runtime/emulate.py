@@ -18,7 +18,7 @@ tensor peak is held against it (an allocation on the host does not fail).
 
 from __future__ import annotations
 
-import gc
+import dataclasses
 import os
 import statistics
 
@@ -30,7 +30,7 @@ from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.emulated_comms import EmulatedComms
 from zerobench.engine.runtime.counter import LiveCounter
 from zerobench.engine.runtime.devices import StepTimer, hardware_profile
-from zerobench.engine.runtime.launch import classify
+from zerobench.engine.runtime.launch import classify, release
 from zerobench.engine.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
 from zerobench.engine.runtime.train import StepLog, cap_error, train_steps
 from zerobench.engine.trial import TrialSpec, short_error
@@ -60,6 +60,7 @@ def emulate(spec: TrialSpec, rank: int = 0) -> dict:
     Returns the record without step time (perfmodel/replay.py prices the collectives); out of
     memory is status `oom`, any other failure `error`."""
     device = check(spec, rank)
+    spec = eager_unless_asked(spec)
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # one core, as each rank of `zerobench run` owns one
     try:
@@ -67,10 +68,17 @@ def emulate(spec: TrialSpec, rank: int = 0) -> dict:
     except Exception as exc:  # the record says why, as `zerobench run`'s does
         return spec.record("emulated", status=classify(exc), error=short_error(exc), extra=_extra(rank))
     finally:
-        gc.collect()  # the next attempt of a search starts from nothing
+        release(device)  # the next attempt of a search starts from nothing
         if device.type == "cuda":
-            torch.cuda.empty_cache()
             torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def eager_unless_asked(spec: TrialSpec) -> TrialSpec:
+    """`spec` eager where its compile is `auto`: the rank runs under the counting dispatch mode
+    (LiveCounter), whose count is the eager program's, as the trace's is; `on` still compiles."""
+    if spec.train.compile != "auto":
+        return spec
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile="off"))
 
 
 def _extra(rank: int) -> dict:
