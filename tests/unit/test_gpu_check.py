@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zerobench.checks import gpu_check, gpu_emulated
-from zerobench.checks.card import CARD_ENV
+from zerobench.checks.card import CARD_ENV, cuda_only_bytes
 from zerobench.checks.gpu_check import CLI_ENV, gates, run_cli
 
 STAND_IN = f"{sys.executable} {Path(__file__).resolve().parents[1] / 'stand_in_cli.py'}"
@@ -122,3 +122,14 @@ def test_the_sweep_plans_by_the_card_and_reports_what_it_skipped(stand_in, capsy
     ran = sorted(p.stem for p in (tmp_path / "runs").glob("*.json"))
     assert ran == ["gpt-1.5b-s0-mb1", "gpt-1.5b-s0-mb4", "gpt-1.5b-s3-mb1", "gpt-1.5b-s3-mb4"]
     assert "8 skipped" in out.splitlines()[-1] and "every gate passed" in out.splitlines()[-1]
+
+
+def test_a_cuda_rank_may_hold_its_kernels_own_few_tensors_beyond_the_trace(stand_in, tmp_path):
+    """One byte over the trace: within what CUDA's kernels keep beyond the host's (fp32 layer-norm
+    statistics, philox seeds: 9 KB at cpu-10m, micro-batch 2) on CUDA; unequal on the CPU, whose
+    trace runs the very kernels the rank runs."""
+    stand_in(emulate="unequal")
+    assert cuda_only_bytes(4, 2 * 128) == 9344
+    deadline = time.monotonic() + 60
+    assert [r["equal"] for r in gpu_emulated.peaks(tmp_path, deadline, device="cuda")] == [True] * 3
+    assert [r["equal"] for r in gpu_emulated.peaks(tmp_path, deadline, device="cpu")] == [False] * 3

@@ -75,3 +75,13 @@ def misfit(traced: dict, card: Card, dp: int = 1, mp: int = 1) -> str | None:
         return None
     return (f"traced {peak / 1e9:.1f} GB + the allocator's slack exceeds the {have / 1e9:.1f} GB "
             f"{card.name} leaves the allocator")  # fmt: skip
+
+
+def cuda_only_bytes(layers: int, tokens: int) -> int:
+    """The most a CUDA rank's counted tensors may hold beyond the trace of the same trial, which
+    runs the host's kernels on fake tensors: each layer norm's saved mean and rstd in fp32 where the
+    host keeps them in the 16-bit compute dtype (2 bytes more an element, one element a token; two
+    norms a block and the final one), and flash attention's two philox tensors a block (16 bytes
+    each at most). An upper bound, as if every one were alive at the peak; `tokens`: micro-batch ×
+    sequence."""
+    return (2 * layers + 1) * 2 * 2 * tokens + layers * 2 * 16
