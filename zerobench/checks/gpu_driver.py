@@ -71,29 +71,36 @@ def parts(out: Path, py: str = sys.executable) -> list[Part]:
     ]  # fmt: skip
 
 
+# the device's answers, asked in a child process: no process of the check but the trials' holds a
+# CUDA context (the card's plan counts one)
+QUERY = ("import json, torch; c = torch.cuda.is_available(); p = c and torch.cuda.get_device_properties(0); "
+         "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'gpus': torch.cuda.device_count(), "
+         "'name': p.name if c else None, 'total': p.total_memory if c else None}))")  # fmt: skip
+
+
 def preflight(card_text: str | None) -> tuple[dict, list[str]]:
     """What this machine is (device, profile, memory, torch, CUDA, missing packages) and why a
-    gated part could not run here (empty: every part can)."""
-    import torch
-
-    info = {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "device": None,
-        "profile": None,
-        "gpus": torch.cuda.device_count(),
-    }
+    gated part could not run here (empty: every part can). A stand-in card (`card_text`) is the
+    device of a rehearsal."""
+    done = subprocess.run([sys.executable, "-c", QUERY], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"device": None, "profile": None, "torch": None, "cuda": None, "gpus": 0, "missing": []}, [
+            f"torch: {(done.stderr.strip().splitlines() or ['no answer'])[-1]}"
+        ]
+    found = json.loads(done.stdout)
+    info = {"torch": found["torch"], "cuda": found["cuda"], "device": None, "profile": None, "gpus": found["gpus"]}
     problems = []
     if card_text:
         card = Card.parse(card_text)
         info["stand_in"] = True
-    elif torch.cuda.is_available():
-        card = Card.of_device()
+    elif found["name"]:
+        card = Card(found["name"], found["total"])
     else:
         card = None
         problems.append("device: no CUDA device is available here")
     if card is not None:
         info.update(device=card.name, profile=card.profile, total_bytes=card.total_bytes)
+        os.environ[CARD_ENV] = f"{card.name}={card.total_bytes}"  # the parts' card, asked once
     info["missing"] = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     problems += [f"package {name} is missing (needed by {', '.join(NEEDS[name])})" for name in info["missing"]]
     return info, problems
