@@ -126,8 +126,8 @@ def run_part(part: Part, budget: int, log_path: Path) -> dict:
         try:
             rc = proc.wait(timeout=budget + part.grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            rc = proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)  # the part and every trial it started
+            proc.wait()
             rc = None
         reader.join()
     seconds = time.monotonic() - start
