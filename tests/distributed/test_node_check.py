@@ -14,6 +14,7 @@ import torch
 from tests.worlds import threaded
 from zerobench import results
 from zerobench.checks import node_check
+from zerobench.checks.card import PEAK_RTOL, PEAK_SLACK_BYTES, Card
 from zerobench.engine.parallel import topology
 from zerobench.perfmodel.engine_memory import NCCL_COMMUNICATOR_BYTES, communicators
 
@@ -69,17 +70,33 @@ def test_the_ledger_gate_holds_the_bytes_to_the_formula(stage):
     assert "not the step's scalars" in node_check.ledger_failures(extra, stage, padded, dp, elem, steps)[0]
 
 
-def test_the_memory_gate_holds_the_peak_to_the_trace_and_nccl_to_its_allowance():
+def test_the_memory_gate_holds_the_peak_to_the_trace_and_gates_nothing_unmeasured():
     row = {"model": "dp-6b", "stage": 3, "status": "ok", "traced_peak_bytes": 100 * 2**30}
-    slack = row["traced_peak_bytes"] * node_check.PEAK_RTOL + node_check.PEAK_SLACK_BYTES
+    slack = row["traced_peak_bytes"] * PEAK_RTOL + PEAK_SLACK_BYTES
     within = {**row, "peak_allocated_bytes": row["traced_peak_bytes"] + slack}
     over = {**row, "peak_allocated_bytes": row["traced_peak_bytes"] + slack + 1}
-    assert node_check.memory_failures([within], 2**30, 2**30) == []
-    assert "over the trace" in node_check.memory_failures([over], 0, 2**30)[0]
-    assert "allowance" in node_check.memory_failures([within], 2**30 + 1, 2**30)[0]
+    assert node_check.memory_failures([within]) == []
+    assert "over the trace" in node_check.memory_failures([over])[0]
     oom = {**row, "status": "oom", "peak_allocated_bytes": None}
     untraced = {**within, "traced_peak_bytes": None}
-    assert len(node_check.memory_failures([oom, untraced], 0, 2**30)) == 2
+    assert len(node_check.memory_failures([oom, untraced])) == 2
+    skipped = {**row, "status": "skipped", "peak_allocated_bytes": None, "error": "traced ... exceeds"}
+    assert node_check.memory_failures([skipped, within]) == []  # its card cannot hold it: not run, not failed
+
+
+def test_a_speed_trial_the_card_cannot_hold_is_skipped_and_a_rank_error_kept(monkeypatch, tmp_path):
+    """An 80 GB node: dp-6b at stage 0 (97 GB traced) is not run and says why; a rank that fails
+    with any error (not only out of memory) is its row's status, so the node's JSON is written."""
+    card = Card.parse("NVIDIA H100 80GB HBM3=85.5e9")
+    results.write_record({"status": "ok", "peak_allocated_bytes": 97.7e9}, tmp_path / "dp-6b-s0.json")
+    results.write_record({"status": "ok", "peak_allocated_bytes": 30e9}, tmp_path / "dp-6b-s3.json")
+    monkeypatch.setattr(node_check, "measure", lambda spec, ctx, device: (_ for _ in ()).throw(RuntimeError("NCCL")))
+    cpu = torch.device("cpu")
+    row = node_check.speed(None, node_check.speed_values("dp-6b", 0, 8), tmp_path, 8, cpu, card)
+    assert row["status"] == "skipped" and "traced 97.7 GB" in row["error"]
+    assert node_check.memory_failures([row]) == []
+    row = node_check.speed(None, node_check.speed_values("dp-6b", 3, 8), tmp_path, 8, cpu, card)
+    assert row["status"] == "error" and "NCCL" in row["error"]
 
 
 def test_a_gate_the_device_cannot_run_fails():

@@ -5,8 +5,6 @@ command; the plain loop's losses against ours; the compiled loop's wiring (with 
 figure; and the GPU check script's Python commands parsing as the script gives them."""
 
 import importlib
-import re
-import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -15,10 +13,9 @@ import torch
 
 from tests.engine_cases import spec_for
 from zerobench import cli
+from zerobench.checks import gpu_driver
 from zerobench.engine.trial import configs
 from zerobench.peers import harness, ours, plain, runner, summary
-
-SCRIPT = Path(__file__).parents[2] / "scripts" / "gpu_check.sh"
 
 
 def _spec(model="awkward", **train):
@@ -145,16 +142,10 @@ def test_single_device_table_and_figure(tmp_path):
 
 
 def _script_commands() -> list[list[str]]:
-    """Each `"$py" -m MODULE ...` of scripts/gpu_check.sh, as an argv (MODULE first), its
-    continuation lines joined, the shell's redirections and pipes dropped, variables left as text."""
-    text = SCRIPT.read_text().replace("\\\n", " ")
-    commands = []
-    for line in text.splitlines():
-        match = re.search(r'"\$py" -m (\S+)(.*)', line)
-        if match:
-            words = shlex.split(re.split(r"\s(?:2>&1|\|)", match.group(2))[0].replace('"${peers[@]}"', "$PEERS"))
-            commands.append([match.group(1), *words])
-    return commands
+    """Each `python -m MODULE ...` part of scripts/gpu_check.sh's driver (checks/gpu_driver.py), as an
+    argv (MODULE first), its budget given."""
+    parts = gpu_driver.parts(Path("OUT"), "python")
+    return [[a.replace("{budget}", "60") for a in p.argv[2:]] for p in parts if p.argv[1] == "-m"]
 
 
 def test_gpu_check_script_commands_parse():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.engine_cases import engine_run, spec_for
+from zerobench.checks.card import cuda_only_bytes
 from zerobench.engine.runtime.emulate import emulate
 from zerobench.engine.runtime.trace import trace_step
 
@@ -19,12 +20,15 @@ pytestmark = [
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_emulated_rank_counts_the_trace_and_the_allocator_holds_it(stage):
-    """N_d 8 on one GPU: the counted tensor peak is the trace's, byte for byte; the caching
+    """N_d 8 on one GPU: the counted tensor peak is the trace's (made with the rank's device, so in
+    fp16), up to the tensors CUDA's kernels keep beyond the host's, which the trace runs
+    (checks/card.py: fp32 layer-norm mean and rstd, flash attention's philox seeds); the caching
     allocator's peak holds at least those tensors; fp16 skips no step for an overflow."""
     spec = spec_for("cpu-10m", "fp16", device="cuda", dp=8, stage=stage, steps=2)
     r = emulate(spec, 3)
     assert r["status"] == "ok", r["error"]
-    assert r["tensor_peak_bytes"] == trace_step(spec)["peak_bytes"]
+    above = r["tensor_peak_bytes"] - trace_step(spec)["peak_bytes"]
+    assert 0 <= above <= cuda_only_bytes(spec.model.layers, spec.train.micro_batch * spec.model.seq), above
     assert r["peak_reserved_bytes"] >= r["peak_allocated_bytes"] >= r["tensor_peak_bytes"]
     assert r["skipped_steps"] == 0 and all(math.isfinite(x) for x in r["losses"])
 

@@ -9,7 +9,7 @@ import torch
 
 from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
 from tests.unit.test_bf16_storage import loss_deviation
-from zerobench.checks.node_check import PEAK_RTOL, PEAK_SLACK_BYTES
+from zerobench.checks.card import PEAK_RTOL, PEAK_SLACK_BYTES
 from zerobench.clock import EventMarks, device_clock
 from zerobench.engine.config import PrecisionConfig
 from zerobench.engine.parallel import topology

@@ -11,6 +11,7 @@ from zerobench.engine.fields import defaults
 from zerobench.engine.runtime.devices import hardware_profile
 from zerobench.engine.runtime.emulate import check, emulate
 from zerobench.engine.trial import TrialSpec, configs, mib
+from zerobench.perfmodel.engine_memory import outside_allocator_bytes
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.replay import cluster_of, complete
 from zerobench.sweeps.search import run_under_policy
@@ -24,4 +25,7 @@ def emulated_record(values: Mapping, out: str | None = None) -> dict:
     device = check(spec, v["rank"])
     cluster = cluster_of(device.type, hardware_profile(device), v["cluster"])
     get_profile(cluster)  # an unknown profile fails here, before the run
-    return run_under_policy(spec, v, lambda s: complete(emulate(s, v["rank"]), cluster))
+    # a GPU rank's allocator gets its budget less what its card holds outside it (the CUDA context,
+    # NCCL's communicators); on a host the counted tensor peak is held against the budget itself
+    reserved = outside_allocator_bytes(spec.parallel.dp, spec.parallel.mp) if device.type == "cuda" else 0
+    return run_under_policy(spec, v, lambda s: complete(emulate(s, v["rank"], reserved), cluster))

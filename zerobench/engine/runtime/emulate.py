@@ -18,7 +18,7 @@ tensor peak is held against it (an allocation on the host does not fail).
 
 from __future__ import annotations
 
-import gc
+import dataclasses
 import os
 import statistics
 
@@ -30,7 +30,7 @@ from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.emulated_comms import EmulatedComms
 from zerobench.engine.runtime.counter import LiveCounter
 from zerobench.engine.runtime.devices import StepTimer, hardware_profile
-from zerobench.engine.runtime.launch import classify
+from zerobench.engine.runtime.launch import classify, release
 from zerobench.engine.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
 from zerobench.engine.runtime.train import StepLog, cap_error, train_steps
 from zerobench.engine.trial import TrialSpec, short_error
@@ -54,44 +54,61 @@ def check(spec: TrialSpec, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def emulate(spec: TrialSpec, rank: int = 0) -> dict:
+def emulate(spec: TrialSpec, rank: int = 0, reserved_bytes: float = 0) -> dict:
     """Rank `rank` of `spec`'s world: `warmup` steps (the first counted; one even at 0), then
-    `steps` timed steps.
+    `steps` timed steps. `reserved_bytes`: what the emulated rank's own GPU would hold outside its
+    caching allocator (its CUDA context and NCCL's communicators; the caller's estimate), taken off
+    the cap on CUDA.
     Returns the record without step time (perfmodel/replay.py prices the collectives); out of
     memory is status `oom`, any other failure `error`."""
     device = check(spec, rank)
+    spec = eager_unless_asked(spec)
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # one core, as each rank of `zerobench run` owns one
     try:
-        return _emulate(spec, rank, device)
+        return _emulate(spec, rank, device, reserved_bytes)
     except Exception as exc:  # the record says why, as `zerobench run`'s does
         return spec.record("emulated", status=classify(exc), error=short_error(exc), extra=_extra(rank))
     finally:
-        gc.collect()  # the next attempt of a search starts from nothing
+        release(device)  # the next attempt of a search starts from nothing
         if device.type == "cuda":
-            torch.cuda.empty_cache()
             torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def eager_unless_asked(spec: TrialSpec) -> TrialSpec:
+    """`spec` eager where its compile is `auto`: the rank runs under the counting dispatch mode
+    (LiveCounter), whose count is the eager program's, as the trace's is; `on` still compiles."""
+    if spec.train.compile != "auto":
+        return spec
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, compile="off"))
 
 
 def _extra(rank: int) -> dict:
     return {"emulated_rank": rank, "emulation": dict(PARTS), "losses_note": LOSSES}
 
 
-def _cap(spec: TrialSpec, device: torch.device) -> str | None:
-    """On CUDA, the caching allocator capped at the trial's budget; what the record says of it."""
+def _cap(spec: TrialSpec, device: torch.device, reserved_bytes: float = 0) -> str | None:
+    """On CUDA, the caching allocator capped at the trial's budget less `reserved_bytes` (what the
+    emulated rank's card holds outside its allocator); what the record says of it."""
     if spec.mem_cap_bytes is None:
         return None
     if device.type != "cuda":
         return f"tensor peak held against {spec.mem_cap_bytes / 2**20:.0f} MiB (counted: a host allocation never fails)"
     props = torch.cuda.get_device_properties(device)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, spec.mem_cap_bytes / props.total_memory), device)
-    return (f"caching allocator capped at {spec.mem_cap_bytes / 2**30:.1f} GiB of this {props.name}'s "
-            f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction)")  # fmt: skip
+    allocator = spec.mem_cap_bytes - reserved_bytes
+    if allocator <= 0:
+        raise ConfigError(f"mem_cap_mb={spec.mem_cap_bytes / 2**20:.0f}: no more than the "
+                          f"{reserved_bytes / 2**20:.0f} MiB a rank holds outside its allocator")  # fmt: skip
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allocator / props.total_memory), device)
+    return (f"caching allocator capped at {allocator / 2**30:.2f} GiB of this {props.name}'s "
+            f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction): the "
+            f"{spec.mem_cap_bytes / 2**30:.1f} GiB budget less {reserved_bytes / 2**30:.2f} GiB outside the "
+            f"allocator")  # fmt: skip
 
 
-def _emulate(spec: TrialSpec, rank: int, device: torch.device) -> dict:
+def _emulate(spec: TrialSpec, rank: int, device: torch.device, reserved_bytes: float) -> dict:
     cuda = device.type == "cuda"
-    budget = _cap(spec, device)
+    budget = _cap(spec, device, reserved_bytes)
     rss_base = memory.reset_peak_rss()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)

@@ -5,6 +5,7 @@ rank 0, writes the one record, whatever happened (`classify` turns a failure int
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -32,6 +33,16 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError) or "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
         return "timeout"
     return "error"
+
+
+def release(device: torch.device) -> None:
+    """Give back what a finished or failed attempt left on `device`: the frames an exception holds
+    (gc), and on CUDA the caching allocator's blocks and cuBLAS's workspaces (which survive
+    empty_cache), so the next attempt or a process spawned after it finds the card free."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch._C._cuda_clearCublasWorkspaces()
 
 
 def worker(spec_dict: dict) -> str:
@@ -62,6 +73,7 @@ def worker(spec_dict: dict) -> str:
                 record = spec.record("measured", status=classify(exc), error=short_error(exc))
                 if record["status"] == "error":
                     traceback.print_exc()
+            release(device)  # an out-of-memory attempt's blocks go back before anything else runs
             if ctx.rank == 0 and spec.out:
                 results.write_record(record, spec.out)
             if record["status"] == "ok" and world > 1:
