@@ -1,44 +1,68 @@
-"""The ledger of model choices (perfmodel/choices.py) is where every `fitted` label comes from: a
-row of a committed table is fitted exactly when the ledger names it, and a claim read from such a
-row shows both readings where the model can undo the choice (artifacts/claims.py)."""
+"""The ledger of model choices (perfmodel/choices.py) is where every `fitted` label comes from: each
+choice the model can undo, reverted, moves exactly the rows the ledger names, and a claim read from
+such a row shows both readings (artifacts/claims.py)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from zerobench.artifacts import claims
+from zerobench.artifacts import choice_readings, claims, registry
 from zerobench.artifacts.claim_readers import cell
-from zerobench.artifacts.common import ROLES
+from zerobench.artifacts.tables import record_paths
 from zerobench.engine.fields import IMPLEMENTATIONS
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
 from zerobench.perfmodel.implementation import PROFILES
+from zerobench.results import read_record
+from zerobench.sweeps import sheets
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
+RUNS = RESULTS / "runs"
 PAPER = ("fig2", "fig3", "fig5", "fig6", "fig7", "fig8", "table2")
 
 
-@pytest.mark.parametrize("artifact", PAPER)
-def test_every_fitted_label_of_a_paper_table_is_the_ledgers(artifact):
-    """Recomputed from the ledger alone: fitted where it names the row, and only there."""
-    df = pd.read_csv(RESULTS / f"{artifact}.csv")
-    named = choices.fitted_rows(artifact)
-    for r in df[df.role.isin(("judged", "fitted"))].itertuples():
-        assert (r.role == "fitted") == ((artifact, r.key) in named), (artifact, r.key, r.role)
-        if r.role == "fitted":
-            assert set(str(r.fitted_by).split("; ")) == set(named[(artifact, r.key)])
+def _pairs(name: str) -> list[tuple[dict, dict]]:
+    """The committed records of a paper artifact joined to its sheet's trials, as the table is built."""
+    trials = sheets.trials_by_id(sheets.load_sheet(name))
+    files = [p for p in record_paths(sorted(map(str, RUNS.glob(f"{name}.g*")))) if p.stem in trials]
+    return [(trials[p.stem], read_record(p)) for p in files]
 
 
-def test_the_rows_the_issue_names_are_fitted():
-    named = choices.fitted_rows()
-    for row in [("fig8", "DDP 1.38B"), ("fig3", "64 GPUs"), ("table2", "MP 16 P_os measured"),
-                ("gpu/h200", "gpt-1.5b stage 3 micro-batch 1"), ("gpu/h200", "dp-6b stage 3 micro-batch 1"),
-                ("external_runs", "megatron-lm-2021")]:  # fmt: skip
-        assert row in named, row
-    assert "fitted" in ROLES
+@pytest.fixture(scope="module")
+def paper_pairs():
+    return {name: _pairs(name) for name in PAPER}
+
+
+@pytest.mark.parametrize("choice", [c for c in choices.CHOICES if c.without], ids=lambda c: c.name)
+def test_a_reverted_choice_moves_exactly_the_rows_the_ledger_names(choice, paper_pairs):
+    """Each undoable choice reverted (`without`): the rows of the paper's tables whose prediction moves,
+    computed, are the ones the ledger names (`rows` and `carriers`), no more and no fewer."""
+    got = set()
+    for name, pairs in paper_pairs.items():
+        builder = registry.resolve(registry.entry(name).table)
+        got |= {(name, key) for key in choice_readings.moved(builder, pairs, dict(choice.without))}
+    named = {row for row in choice.rows + choice.carriers if row[0] in PAPER}
+    assert got == named
+
+
+def test_the_logits_peak_moves_the_fig2_rows_the_ledger_names(paper_pairs, monkeypatch):
+    """The model has no switch for the logits' peak, so it is taken out here: the fig2 rows (the
+    artifact it was chosen on) that move are the ones the ledger names."""
+    from zerobench.perfmodel import feasibility
+
+    builder = registry.resolve(registry.entry("fig2").table)
+    now = builder(paper_pairs["fig2"]).set_index("key")
+    monkeypatch.setattr(feasibility, "logits_bytes", lambda *args: 0.0)
+    bare = builder(choice_readings._undone(paper_pairs["fig2"], {})).set_index("key")
+    rows = now.index[now.role.isin(("judged", "fitted"))]
+    got = {("fig2", k) for k in rows if not np.isclose(now.at[k, "ours"], bare.at[k, "ours"], equal_nan=True)}
+    (logits,) = [c for c in choices.CHOICES if c.name == "logits peak summed"]
+    assert got == set(logits.rows)
 
 
 def test_a_choice_naming_no_row_must_say_why():
@@ -46,7 +70,13 @@ def test_a_choice_naming_no_row_must_say_why():
         choices.Choice("x", "switch", "a switch", (), "abc1234")
     with pytest.raises(ValueError, match="kind"):
         choices.Choice("x", "guess", "a guess", (("fig2", "ZeRO 8B"),), "abc1234")
-    assert all(len(c.commit) >= 7 for c in choices.CHOICES)
+
+
+def test_every_choice_names_a_commit_of_this_repository():
+    root = Path(__file__).resolve().parents[2]
+    for c in choices.CHOICES:
+        found = subprocess.run(["git", "cat-file", "-e", f"{c.commit}^{{commit}}"], cwd=root, capture_output=True)
+        assert found.returncode == 0, (c.name, c.commit)
 
 
 def test_a_claim_read_from_a_fitted_row_takes_the_worse_of_both_readings():
@@ -58,7 +88,10 @@ def test_a_claim_read_from_a_fitted_row_takes_the_worse_of_both_readings():
     assert row.ours == 19.0 and row.ours_without_choice == 12.0 and "with it 19" in row.note
     # a fitted row the model cannot read without its choice stays not testable
     untestable = claims.ledger({"fig8": table.assign(ours_without_choice=None)}, (claim,)).iloc[0]
-    assert untestable.verdict == claims.UNTESTABLE
+    assert untestable.verdict == claims.UNTESTABLE and "19 (reproduced" in untestable.note
+    # and one that misses gives its miss: the worst reading shown, fitted or not
+    missed = claims.ledger({"fig8": table.assign(ours=12.0, ours_without_choice=None)}, (claim,)).iloc[0]
+    assert missed.verdict == claims.REFUTED and "12 (refuted" in missed.note
 
 
 def test_committed_claims_show_both_readings_of_the_rows_a_switch_was_chosen_on():
@@ -85,9 +118,13 @@ def test_the_engine_names_the_models_implementation_profiles():
 
 @pytest.mark.parametrize("artifact", PAPER)
 def test_every_judged_row_of_a_paper_table_has_a_numeric_band(artifact):
+    """Judged and fitted rows with an error carry a band (a fitted row's serves its claim's reading);
+    a judged row says whether it is inside."""
     df = pd.read_csv(RESULTS / f"{artifact}.csv")
-    judged = df[(df.role == "judged") & df.error_pct.notna()]
-    assert len(judged) and judged.band_pct.notna().all() and judged.inside_band.notna().all()
+    banded = df[df.role.isin(("judged", "fitted")) & df.error_pct.notna()]
+    assert len(banded) and banded.band_pct.notna().all()
+    judged = banded[banded.role == "judged"]
+    assert judged.inside_band.notna().all()
     assert (judged.inside_band == (judged.error_pct.abs() <= judged.band_pct)).all()
 
 

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from tests.engine_cases import spec_for
 from tests.worlds import threaded
 from zerobench.clock import EventMarks, HostMarks
-from zerobench.engine.parallel import comms as comms_module
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms, Ledger
 from zerobench.engine.parallel.topology import Group
@@ -197,15 +196,6 @@ def test_cpu_tensors_are_timed_on_the_host_clock_at_once(monkeypatch):
     comms = Comms()
     comms.all_reduce(torch.ones(8), Group("dp", 2, 0))
     assert not comms.ledger._pending and comms.ledger._entries[("all_reduce", "dp")].seconds >= 0.01
-
-
-def test_collectives_use_the_installed_torchs_names():
-    if hasattr(dist, "all_gather_single"):  # torch >= 2.13
-        assert comms_module._ALL_GATHER is dist.all_gather_single
-        assert comms_module._REDUCE_SCATTER is dist.reduce_scatter_single
-    else:
-        assert comms_module._ALL_GATHER is dist.all_gather_into_tensor
-        assert comms_module._REDUCE_SCATTER is dist.reduce_scatter_tensor
 
 
 def test_a_traced_step_warns_of_no_deprecated_collective():

@@ -30,7 +30,7 @@ def test_fig3_emulated_is_judged_with_the_modelled_line_beside():
     emulated, modelled = df[df.kind == "emulated"], df[df.kind == "modelled"]
     assert set(emulated.source) == {"emulated"} and set(modelled.source) == {"modelled"}
     per_gpu = emulated[emulated.series == "TFLOPS/GPU"].set_index("key")
-    assert list(per_gpu.ours) == [60.0] * 4 and per_gpu.loc["128 GPUs", "paper"] == 37.5
+    assert per_gpu.loc["128 GPUs", "paper"] == 37.5
     assert ("fig3", "64 GPUs") in fitted_rows() and per_gpu.loc["64 GPUs", "role"] == "judged"
     assert set(modelled.role) == {"reference"} and len(modelled) == 8
 
@@ -40,5 +40,3 @@ def test_fig6_fig7_fig8_emulated_rows_are_emulated_and_never_fitted():
         df = getattr(emulated_tables, name)(_pairs(f"{name}_emulated"))
         assert set(df.source) == {"emulated"} and "fitted" not in set(df.role), name
         assert not df.fitted_by.astype(bool).any(), name
-    fig6 = emulated_tables.fig6(_pairs("fig6_emulated"))
-    assert (fig6.ours == 32.0).all()  # the caching allocator's reserved bytes, GiB

@@ -1,11 +1,13 @@
 """Error bands on modelled figures (perfmodel/error_bands.py, fitting/write_bands.py): the regime of
-a layout, the band of a regime from its held-out runs, and the record and estimate that carry it."""
+a layout, the band of a regime from its validation runs, its coverage counted on the holdout runs
+that set none, and the record and estimate that carry it."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -48,51 +50,84 @@ def test_interval_rank_is_the_conformal_quantile():
     assert eb.prediction_interval([1, 2, 3]) is None
 
 
-def test_band_is_the_prediction_interval_of_the_regimes_held_out_runs(tmp_path):
+def test_band_is_the_prediction_interval_of_the_regimes_validation_runs(tmp_path):
     loso = pd.DataFrame(dict(source=["s1", "s1", "s2"], hardware="a100-80gb", gpus=[8, 8, 16], mp=1, stage=3,
                              error_pct=[10.0, -20.0, 4.0]))  # fmt: skip
-    hold = pd.DataFrame(dict(source=["h"] * 4, hardware="a100-80gb", gpus=[2, 1, 1024, 2048], mp=1, stage=3,
-                             error_pct=[-3.0, 5.0, 50.0, 100.0],
-                             expressible=["yes", "yes", "yes", "no: pipeline"]))  # fmt: skip
+    hold = pd.DataFrame(dict(source=["v", "v", "v", "v", "h"], hardware="a100-80gb", gpus=[2, 1, 1024, 2048, 4],
+                             mp=1, stage=3, error_pct=[-3.0, 5.0, 50.0, 100.0, 30.0],
+                             expressible=["yes", "yes", "yes", "no: pipeline", "yes"],
+                             role=["validation"] * 4 + ["holdout"]))  # fmt: skip
     path = tmp_path / "bands.csv"
-    table = writer.write(loso, hold, path).set_index("scale")
-    small = table.loc["1-8"]  # 10, -20 (leave-one-source-out), -3 and 5 (holdout); the unexpressed run left out
+    table, check = writer.write(loso, hold, path, tmp_path / "coverage.csv")
+    table = table.set_index("scale")
+    small = table.loc["1-8"]  # 10, -20 (leave-one-source-out), -3 and 5 (validation); the holdout run 30 left out
     assert small.runs == 4 and small.error_band_pct == 20 and small.coverage == 0.8
     assert small.mean_abs_pct == pytest.approx(9.5) and small.worst_pct == 20
     assert small.bias_pct == pytest.approx(-2.0)
-    assert small.evidence == "h (holdout, no choice made on it, 2); s1 (leave-one-source-out, 2)"
+    assert small.evidence == "s1 (leave-one-source-out, 2); v (holdout, then validation: a choice was made on it, 2)"
     assert eb.band("a100-80gb", 4, 1, 3, path).value == pytest.approx(20.0)
-    assert "80% prediction interval from 4" in eb.band("a100-80gb", 4, 1, 3, path).text()
+    assert "80% prediction interval from 4 validation runs" in eb.band("a100-80gb", 4, 1, 3, path).text()
     few = eb.band("a100-80gb", 16, 1, 3, path)  # one run: no number
     assert few.value == eb.UNVALIDATED and few.runs == 1 and "fewer than 4" in few.text()
     none = eb.band("h100-80gb", 4, 1, 3, path)
-    assert none.value == eb.UNVALIDATED and none.text().startswith("unvalidated: no held-out")
+    assert none.value == eb.UNVALIDATED and none.text().startswith("unvalidated: no validation")
+    # the holdout run is judged by its regime's band (20), not counted in it: 30 lies outside
+    assert list(check.band_pct) == [20.0] and list(check.inside) == [False]
 
 
-def test_leave_one_out_coverage():
-    runs = pd.DataFrame(dict(generation="a100", kind="fully-sharded", scale="1-8", error_pct=range(1, 11)))
-    # each run against the 8th smallest of the other nine: 1..8 inside (9), 9 and 10 outside (8)
-    assert writer.coverage(runs) == (8, 10)
-    assert writer.coverage(runs.head(4)) == (0, 0)  # three others: too few for a band
+def _recorded_runs() -> pd.DataFrame:
+    return writer.heldout_runs(pd.read_csv(writer.LOSO_OUT), pd.read_csv(HOLDOUT_OUT))
 
 
-def test_declared_coverage_holds_on_the_held_out_runs():
-    """On the recorded held-out runs, each judged by its regime's other runs, the share inside the band
-    is within 10 points of the declared 80 %."""
-    runs = writer.heldout_runs(pd.read_csv(writer.LOSO_OUT), pd.read_csv(HOLDOUT_OUT))
-    inside, judged = writer.coverage(runs)
-    assert judged >= 10
-    assert abs(inside / judged - eb.COVERAGE) <= 0.10, f"{inside} of {judged} inside"
+def _coverage(runs: pd.DataFrame) -> int:
+    """Counted runs inside the bands the other runs set."""
+    return int(writer.counted(runs, writer.bands(runs), writer.pooled(runs)).inside.sum())
 
 
-def test_committed_bands_follow_from_the_recorded_held_out_runs(tmp_path):
-    """zerobench/data/error_bands.csv is what the writer makes of results/external_loso.csv and
-    results/external_holdout.csv: no band typed in by hand."""
-    again = writer.write(pd.read_csv(writer.LOSO_OUT), pd.read_csv(HOLDOUT_OUT), tmp_path / "b.csv")
+def test_the_coverage_is_counted_on_runs_that_set_no_band():
+    runs = _recorded_runs()
+    check = writer.counted(runs, writer.bands(runs), writer.pooled(runs))
+    assert set(check.evidence) == {writer.COUNTED} and len(check) == (runs.evidence == writer.COUNTED).sum()
+    setting = runs[runs.evidence.isin(writer.SETS_BAND)]
+    assert int(writer.pooled(runs).runs.iloc[0]) == len(setting) and not set(setting.evidence) & {writer.COUNTED}
+
+
+def test_a_wrong_model_moves_the_coverage():
+    """Twice the counted runs' errors, or the errors dealt out to other runs across regimes, give another
+    count: the figure depends on the errors, not only on how many runs each regime has (a leave-one-out
+    count within one set of runs does not). Twice every error, band-setting runs included, would give
+    the same count: a conformal band scales with its runs' errors."""
+    runs = _recorded_runs()
+    base = _coverage(runs)
+    doubled = runs.assign(error_pct=runs.error_pct.where(runs.evidence != writer.COUNTED, 2 * runs.error_pct))
+    assert _coverage(doubled) < base
+    rng = np.random.default_rng(0)
+    shuffled = {_coverage(runs.assign(error_pct=rng.permutation(runs.error_pct.values))) for _ in range(20)}
+    assert shuffled - {base}
+
+
+def test_the_coverage_sentence_tests_the_declared_coverage_or_says_too_few():
+    from zerobench.artifacts.heldout import MIN_COUNTED, at_most_p, coverage_text
+
+    assert MIN_COUNTED == 2 and at_most_p(0, 2) == pytest.approx(0.04) and at_most_p(13, 13) == pytest.approx(1.0)
+    check = pd.DataFrame(dict(source="h", inside=[True] * 6 + [False] * 7))
+    assert "6 of 13" in coverage_text(check) and "so the count fails the declared" in coverage_text(check)
+    assert "is consistent with" in coverage_text(check.assign(inside=True))
+    few = coverage_text(check.head(1))
+    assert "too few runs to check" in few and "of 1" not in few
+
+
+def test_committed_bands_follow_from_the_recorded_runs(tmp_path):
+    """zerobench/data/error_bands.csv and results/external_coverage.csv are what the writer makes of
+    results/external_loso.csv and results/external_holdout.csv: no band typed in by hand."""
+    again, check = writer.write(pd.read_csv(writer.LOSO_OUT), pd.read_csv(HOLDOUT_OUT), tmp_path / "b.csv",
+                                tmp_path / "c.csv")  # fmt: skip
     committed = pd.read_csv(eb.BANDS)
     cols = [c for c in committed.columns if c != "made_by"]
     pd.testing.assert_frame_equal(again[cols].reset_index(drop=True), committed[cols], check_dtype=False)
-    assert set(committed.generation) >= {"a100", "v100"}
+    kept = pd.read_csv(writer.COVERAGE_OUT)
+    assert list(kept.inside) == list(check.inside) and list(kept.band_pct) == list(check.band_pct)
+    assert set(committed.generation) >= {"a100"}
 
 
 def test_modelled_record_and_estimate_carry_the_band():
@@ -134,18 +169,3 @@ def test_today_figure_draws_each_modelled_bar_with_its_band():
     ends = [seg[:, 1] for coll in ax.collections for seg in getattr(coll, "get_segments", list)()]
     plt.close(fig)
     assert len(ends) == 1 and sorted(ends[0]) == pytest.approx([90.0, 110.0])
-
-
-def test_never_seen_coverage_counts_only_the_holdout_rows_no_choice_was_made_on(tmp_path):
-    """A validation run (a choice was made on it) gives the others their band but is not counted as a
-    check of it; the pooled band is the 90 % interval of every run."""
-    errs = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 50.0]
-    loso = pd.DataFrame(dict(source="s", hardware="a100-80gb", gpus=4, mp=1, stage=3, error_pct=errs[:7]))
-    hold = pd.DataFrame(dict(source=["h", "h", "v"], hardware="a100-80gb", gpus=4, mp=1, stage=3, error_pct=errs[7:],
-                             expressible="yes", role=["holdout", "holdout", "validation"]))  # fmt: skip
-    table = writer.write(loso, hold, tmp_path / "b.csv").iloc[0]
-    # each run against the 8th smallest of the other nine: 8 inside (9), 9 outside (8); 50 outside (8)
-    assert (table.unseen_inside, table.unseen_judged) == (1, 2)
-    assert (table.loo_inside, table.loo_judged) == (8, 10)
-    pooled = pd.read_csv(tmp_path / eb.POOLED.name).iloc[0]  # the 10th smallest of ten at 90 %
-    assert pooled.error_band_pct == 50.0 and pooled.runs == 10 and pooled.coverage == eb.POOLED_COVERAGE

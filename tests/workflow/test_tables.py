@@ -172,7 +172,8 @@ def test_roles_of_the_paper_tables():
             for g in (64, 128)]  # fmt: skip
     fig3 = paper_tables.fig3(runs).set_index("key")
     assert fig3.loc["64 GPUs", "role"] == "fitted"  # its batch rule and the resident fp32 shard were chosen on it
-    assert fig3.loc["128 GPUs", "role"] == "judged" and fig3.loc["128 GPUs total", "role"] == "derived"
+    # overlap_grad_reduce was chosen with it in view (perfmodel/choices.py)
+    assert fig3.loc["128 GPUs", "role"] == "fitted" and fig3.loc["128 GPUs total", "role"] == "derived"
     assert fig3.loc["128 GPUs total", "derived_from"] == "128 GPUs x 128" and fig3.loc["128 GPUs total", "ours"] == 3840
 
 

@@ -1,7 +1,7 @@
 """How the claims ledger (artifacts/claims.py) reads ours from the artifacts' tables
 (results/<artifact>.csv): single points (`cell`, judged or fitted, a fitted one flagged), ratios of
-them (`ratio`), aggregates over judged rows alone (`over_judged`), a table's own derived rows whose
-sources are all judged (`over_derived`), or the worst judged row (`worst`). Rows that failed or were
+them (`ratio`), aggregates over judged and fitted rows (`over_judged`, fitted where one is), a
+table's own derived rows of such rows (`over_derived`), or the worst judged row (`worst`). Rows that failed or were
 taken wholly in a slow spell of the host are never read (artifacts/host_speed.py)."""
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def ratio(num: Reader, den: Reader, scale: float = 1.0) -> Reader:
     return read
 
 
-def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, left_out: list[str], what: str) -> Reading | str:
-    """scale x the mean or max of `rows`' ours, its basis naming the rows (and the max's row)."""
+def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, fitted: bool, what: str) -> Reading | str:
+    """scale x the mean or max of `rows`' ours, its basis naming the rows (and the max's row);
+    `fitted` where a fitted row is among them."""
     if rows.empty:
         return f"{table}: no {what} to read"
     values = rows.ours.astype(float)
@@ -107,29 +108,28 @@ def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, left_out:
     basis = f"{table}: {how} over {what} {', '.join(map(str, rows.key))}"
     if how == "max":
         basis += f" (at {rows.key[values.idxmax()]})"
-    if left_out:
-        basis += f"; left out: {', '.join(left_out)}"
-    return Reading(value, _source(rows), False, basis, None, _band(rows))
+    return Reading(value, _source(rows), fitted, basis, None, _band(rows))
 
 
 def over_judged(table: str, pattern: str, how: str = "mean", scale: float = 1.0) -> Reader:
-    """scale x the mean or max of `ours` over the judged rows whose key matches `pattern`; rows
-    of other roles are named as left out."""
+    """scale x the mean or max of `ours` over the judged and fitted rows whose key matches `pattern`
+    (fitted where one of them is: the claim then shows its worst reading, artifacts/claims.py)."""
 
     def read(tables: Tables) -> Reading | str:
         df = _table(tables, table)
         if isinstance(df, str):
             return df
-        rows = _usable(df[df.key.astype(str).str.fullmatch(pattern)])
-        left = [f"{k} ({r})" for k, r in zip(rows.key, rows.role, strict=True) if r != JUDGED]
-        return _aggregate(table, rows[rows.role == JUDGED], how, scale, left, "judged rows")
+        rows = _usable(df[df.key.astype(str).str.fullmatch(pattern) & df.role.isin((JUDGED, "fitted"))])
+        fitted = rows.role.eq("fitted")
+        what = f"rows ({int(fitted.sum())} fitted)" if fitted.any() else "judged rows"
+        return _aggregate(table, rows, how, scale, bool(fitted.any()), what)
 
     return read
 
 
 def over_derived(table: str, series: str, how: str = "max") -> Reader:
     """The mean or max of a table's derived rows of `series` (ratios named in `derived_from` as
-    'A / B'), over those whose every source row is judged."""
+    'A / B') whose source rows are judged or fitted (fitted where one of them is)."""
 
     def read(tables: Tables) -> Reading | str:
         df = _table(tables, table)
@@ -137,9 +137,10 @@ def over_derived(table: str, series: str, how: str = "max") -> Reader:
             return df
         role = dict(zip(df.key.astype(str), df.role, strict=True))
         rows = _usable(df[(df.series == series) & (df.role == "derived")])
-        ok = rows.derived_from.astype(str).map(lambda d: all(role.get(k.strip()) == JUDGED for k in d.split("/")))
-        left = [f"{k} (from a row not judged)" for k in rows.key[~ok]]
-        return _aggregate(table, rows[ok], how, 1.0, left, "derived rows of judged rows")
+        roles = rows.derived_from.astype(str).map(lambda d: {role.get(k.strip()) for k in d.split("/")})
+        rows = rows[roles.map(lambda r: r <= {JUDGED, "fitted"})]
+        fitted = bool(roles[rows.index].map(lambda r: "fitted" in r).any())
+        return _aggregate(table, rows, how, 1.0, fitted, "derived rows of judged or fitted rows")
 
     return read
 

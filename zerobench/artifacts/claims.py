@@ -12,9 +12,10 @@ a bound: 37.9 misses ">38"); `partly` where it misses, but the qualitative state
 declares (`holds_above`: superlinear is a per-GPU ratio above 1) still holds, read on ours or on the
 claim's `holds_on` (superlinear: the lowest of its interleaved rounds); `refuted` otherwise; `not
 testable here` where a table, a row or the paper's number is absent, and where ours is read from a
-fitted point that the model cannot read without its choice: that shows the fit, not the model
-(common.ROLES). Where it can (artifacts/choice_readings.py: the row without the choice), the claim
-shows both readings and takes the worse verdict (`WORSE`).
+fitted point that the model cannot read without its choice and that reproduces: that shows the fit,
+not the model (common.ROLES); such a point that misses gives its miss. Where it can
+(artifacts/choice_readings.py: the row without the choice), the claim shows both readings and takes
+the worse verdict (`WORSE`).
 """
 
 from __future__ import annotations
@@ -219,11 +220,15 @@ def without_choices(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
 
 def both_readings(c: Claim, tables: dict, value: float, paper: float, bound: str, held) -> tuple[str, float, str]:
     """(the worse verdict, ours without the choices, a note with both) of a claim read from a fitted
-    row, or (UNTESTABLE, None, FITTED_NOTE) where the model cannot read it without them."""
+    row. Where the model cannot read it without them, the fitted reading alone: a miss stands (a fit
+    that still misses), a hit shows the fit (UNTESTABLE)."""
+    with_, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
     bare = c.read(without_choices(tables))
     if isinstance(bare, str) or bare.fitted:
-        return UNTESTABLE, None, FITTED_NOTE
-    with_, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
+        shown = f"read from a fitted row the model cannot read without its choice: {value:.4g} ({with_}, {err:+.1f} %)"
+        if with_ == REPRODUCED:
+            return UNTESTABLE, None, f"{shown}; {FITTED_NOTE}"
+        return with_, None, f"{shown}; a miss on a fitted row stands"
     without, err0 = verdict(bare.value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
     note = (f"read from a row a choice was made on (perfmodel/choices.py): with it {value:.4g} ({with_}, "
             f"{err:+.1f} %), without it {bare.value:.4g} ({without}, {err0:+.1f} %); the worse is taken")  # fmt: skip

@@ -2,7 +2,7 @@
 whether its error lies inside (perfmodel/error_bands.py, docs/perfmodel.md "Error bands").
 
 `band_pct` is the record's regime band where its regime has one (`error_band_pct` a number), else
-the pooled band (error_bands.pooled: the 90 % interval over every held-out run), `band_basis` says
+the pooled band (error_bands.pooled: the 90 % interval over every validation run), `band_basis` says
 which; a memory row takes the pooled band as an assumption, said so, as no held-out run measured
 memory. `inside_band`: |error| within `band_pct`. REPORT counts them per artifact (`counts`)."""
 
@@ -29,7 +29,7 @@ def add(df: pd.DataFrame) -> pd.DataFrame:
     out = df.assign(band_pct=None, band_basis=None, inside_band=None)
     out.loc[rows, "band_pct"] = own.where(regime, pct)[rows]
     out.loc[regime, "band_basis"] = f"regime ({COVERAGE:.0%})"
-    out.loc[rows & ~regime, "band_basis"] = f"pooled ({runs} held-out runs, {POOLED_COVERAGE:.0%})"
+    out.loc[rows & ~regime, "band_basis"] = f"pooled ({runs} validation runs, {POOLED_COVERAGE:.0%})"
     out.loc[rows & memory, "band_basis"] = MEMORY
     judged = rows & (df.role == JUDGED)
     out.loc[judged, "inside_band"] = df.error_pct[judged].astype(float).abs() <= out.band_pct[judged].astype(float)

@@ -1,13 +1,11 @@
-"""A measured row whose runs disagree by more than the sheet's tolerance is left out of the verdict as
-too noisy, and said so: a verdict must hold from one reproduction to the next, not rest on whichever
-median a reproduction happened to get (design.md).
+"""A measured row whose runs disagree by more than the sheet's tolerance is marked `too_noisy`: shown,
+counted and judged all the same (report.stats). A rule that set such rows aside was added after
+model_vs_measured read "Not reproduced", with the errors in view; a noise rule must be set from the
+repeats' own spread before the errors are read, and none was, so every row is judged and the report
+says how many spread past the tolerance: which of their runs a reproduction gets can move the verdict.
 
-A row with its runs (`measured_runs_s`, the per-run medians) and a spread across them
-(`runs_spread_pct`, 100·(max − min)/median) above the tolerance is `too_noisy`: shown, its error
-beside it, counted apart (report.stats). Judging such a row on its runs' range instead was tried on
-the committed runs of model_vs_measured: resampled two runs of three per row, the range rule's
-verdict changed with the resample (the tiny model's 0.014 s step, +32 % above a range of two runs
-that agreed by chance), the rule here did not (docs/perfmodel.md "Verdicts across reproductions")."""
+`too_noisy`: a row with its runs (`measured_runs_s`, the per-run medians) and a spread across them
+(`runs_spread_pct`, 100·(max − min)/median) above the tolerance."""
 
 from __future__ import annotations
 

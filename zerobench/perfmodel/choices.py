@@ -9,8 +9,11 @@ record (`gpu/h200`, "<preset> stage <s> micro-batch <b>") or a published run's s
 docs/perfmodel.md "The ledger of model choices" prints `markdown()`. A row whose prediction carries
 a term fitted on runs like it (`carriers`) is `fitted` too (common.ROLES). A choice made on an artifact's
 mean rather than on rows names no row and says why its rows stay judged (`rows_judged_because`).
-`without` is what reverses the choice where the model can price that (trial fields of a sheet, or
-Calibration fields): the tables then show the row both ways (artifacts/choice_readings.py).
+`without` is what reverses the choice where the model can price that (trial fields of a sheet,
+Calibration fields, or fields of the trial's hardware profile): the tables then show the row both ways
+(artifacts/choice_readings.py), and tests/unit/test_choices.py reverts it and checks that the rows
+whose prediction moves are exactly its `rows` and `carriers`. A choice made while an artifact's rows
+were in view names the rows of it that it moves, whatever it was chosen on (a row, or a mean).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from zerobench.perfmodel.constants import FITTED
 
-KINDS = ("fitted", "switch", "mapping", "margin")
+KINDS = ("fitted", "switch", "mapping", "margin", "assumed")  # assumed: a value set with no measurement, source or fit
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,17 @@ def _rows(key: str) -> tuple[tuple[str, str], ...]:
 
 
 _THROUGHPUT = "gemm_eff_max, tokens_half, elementwise_traffic, ib_efficiency, nvlink_efficiency"
-_MEAN = "chosen on an artifact's mean |error| (one bit over all its rows), not on a row: the rows stay judged"
 H200_FITTED_ROW = ("gpu/h200", "gpt-1.5b stage 3 micro-batch 1")
 MEGATRON_2021 = ("external_runs", "megatron-lm-2021")
+# The rows a switch moves, in the artifacts that were in view when it was chosen (tests/unit/test_choices.py
+# reverts each and compares): listed batches capped, ZeRO's reduction not overlapped, the logits' peak summed.
+_LARGEST_FITS = (("fig2", "ZeRO 140B"), ("fig2", "ZeRO 170B"), ("fig2", "baseline 40B"), ("fig7", "60B C3"),
+                 ("fig7", "170B C5"), ("fig8", "ZeRO 12B"))  # fmt: skip
+_OVERLAP = (*(("fig2", f"ZeRO {m}B") for m in ("1.5", 8, 40, 60, 80, 100, 120, 140, 170)),
+            *(("fig3", f"{n} GPUs") for n in (64, 128, 256, 400)),
+            *(("fig7", k) for k in ("60B C3", "60B C4", "60B C5", "170B C5")),
+            *(("fig8", f"ZeRO {m}B") for m in ("1.5", 2.5, 4, 6, 8, 10, 11, 12, 13)))  # fmt: skip
+_LOGITS = (("fig2", "ZeRO 140B"), ("fig2", "ZeRO 170B"), ("fig2", "baseline 40B"))
 
 CHOICES = (
     Choice(_THROUGHPUT, "fitted", "V100 compute and link constants (Nelder-Mead on the points' mean |error|; "
@@ -78,14 +89,31 @@ CHOICES = (
     Choice("DDP reduction copy transient", "switch", "DDP's flat reduction copy freed before the next forward",
            (("fig8", "DDP 1.16B"),), "72411bb"),
     Choice("fig3 batch: largest swept that fits", "switch", "Fig 3 keeps the largest batch of the authors' sweep "
-           "that fits (the largest integer batch reads +34 % at 64 GPUs)", (("fig3", "64 GPUs"),), "534433b"),
-    Choice("overlap_grad_reduce off", "switch", "ZeRO's gradient reduction does not hide behind backward", (),
-           "4ada614", rows_judged_because=_MEAN + " (fig2, fig3, fig7, fig8 with it on and off)"),
+           "that fits (the largest integer batch read +34 % at 64 GPUs at 75e1158)", (("fig3", "64 GPUs"),),
+           "534433b"),
+    Choice("listed batches capped to what fits", "switch", "a listed micro-batch the memory model calls out of "
+           "memory is lowered to the largest that fits (`micro_batch_policy: largest_fits`), chosen with fig2, fig3, "
+           "fig7 and fig8's scores in view (75e1158's message); without it these rows are out of memory, no number",
+           _LARGEST_FITS, "75e1158", without=(("micro_batch_policy", "listed"),)),
+    Choice("tensor-core alignment", "switch", "on the V100 profile (CUDA 10.0), a head size not a multiple of 8 "
+           "runs the attention scores' GEMMs without tensor cores at 31.4 TFLOPS (hardware.py "
+           "`tensor_core_align`, `unaligned_flops`; compute.py); put in with fig2 in view: without it fig2 ZeRO "
+           "1.5B reads +33.8 % and baseline 1.5B +26.6 % instead of +14.4 and +10.4 %",
+           (("fig2", "ZeRO 1.5B"), ("fig2", "baseline 1.5B")), "30f91c2", without=(("unaligned_flops", 0.0),)),
+    Choice("overlap_grad_reduce off", "switch", "ZeRO's gradient reduction does not hide behind backward; chosen "
+           "on the mean |error| of fig2, fig3, fig7 and fig8 with it on and off, so the rows of those it moves",
+           _OVERLAP, "4ada614", without=(("overlap_grad_reduce", True),)),
     Choice("stage 3 gathers not overlapped", "switch", "neither profile hides stage 3's gathers behind compute", (),
            "4ada614", rows_judged_because="kept as the model had it, not re-chosen: the llm-foundry A100 rows "
            "(validation) were scored with it"),
-    Choice("logits peak summed", "switch", "the logits' peak added to a layer's working set", (), "72411bb",
-           rows_judged_because=_MEAN + " (fig2: 13.5 vs 15.5 %)"),
+    Choice("logits peak summed", "switch", "the logits' peak added to a layer's working set, chosen on fig2's mean "
+           "|error| (13.5 vs 15.5 %), so the fig2 rows it moves (through the batch that fits); the model has no "
+           "switch to undo it (feasibility.py)", _LOGITS, "72411bb"),
+    Choice("hbm_efficiency, adam_bytes_per_param, step_overhead_s", "assumed", "the fixed costs: 80 % of HBM "
+           "bandwidth in the Adam step, 28 bytes moved per parameter (fp32 p, m, v read and written, a 16-bit "
+           "gradient in and parameter out), 0.10 s per step of launch, norm and loss-scale bookkeeping", (),
+           "4ada614", rows_judged_because="set in the model's first commit, which had no tables to score (no "
+           "results/ in 4ada614), and never refitted; no measurement or source backs the values: assumptions"),
     Choice("deepspeed-0.3 for megatron-lm-2021", "mapping", "Megatron-LM 2021's ZeRO-3 runs priced as DeepSpeed's "
            "2021 stage 3 (list-form collectives, a wait per gather); the mechanism was designed after these six "
            "runs were first scored (69.1 % mean |error| at 8097880, growing with GPUs)", (MEGATRON_2021,),

@@ -1,20 +1,22 @@
-"""How far to trust a modelled figure: a prediction interval from the held-out errors of its regime.
+"""How far to trust a modelled figure: a prediction interval from the validation errors of its regime.
 
 A regime is (hardware generation × parallelism kind × scale bucket). Its band is a prediction
 interval at the declared COVERAGE (80 %) of |error|, from the published runs of that regime the model
-had not seen: each A100 source's validation rows judged with constants fitted on the other sources
-only (leave-one-source-out), and the frozen holdout (docs/perfmodel.md "Error bands"). With n such
-runs, the interval is the ⌈COVERAGE·(n + 1)⌉-th smallest |error| (the split-conformal quantile:
-a next run of the same regime falls inside with probability at least COVERAGE if runs are
+was not fitted on but whose errors were in view while its choices were made (validation): each A100
+source's validation rows judged with constants fitted on the other sources only
+(leave-one-source-out), and the holdout rows a choice was made on (docs/perfmodel.md "Error bands").
+With n such runs, the interval is the ⌈COVERAGE·(n + 1)⌉-th smallest |error| (the split-conformal
+quantile: a next run of the same regime falls inside with probability at least COVERAGE if runs are
 exchangeable; Vovk et al. 2005, Lei et al., JASA 2018). With fewer runs than that rank needs
-(MIN_RUNS = 4 at 80 %) there is no band: `unvalidated`. The bands are read from
+(MIN_RUNS = 4 at 80 %) there is no band: `unvalidated`. The holdout rows no choice was made on set no
+band: the coverage is counted on them (fitting/write_bands.py). The bands are read from
 zerobench/data/error_bands.csv, which `python -m zerobench.fitting.write_bands` writes; the model
 never imports the fitting code. The band is of throughput (step time, TFLOPS), not of memory.
 
 A judged row of a paper artifact always carries a number (artifacts/judged_bands.py): its regime's
-band where the regime has one, else the POOLED band, the POOLED_COVERAGE (90 %) interval over every held-out
-run of every regime (zerobench/data/pooled_band.csv), wider than the regimes' 80 % as a row borrows
-it from runs of other regimes; a memory row takes the pooled band as an assumption, named so.
+band where the regime has one, else the POOLED band, the POOLED_COVERAGE (90 %) interval over every
+validation run of every regime (zerobench/data/pooled_band.csv), wider than the regimes' 80 % as a row
+borrows it from runs of other regimes; a memory row takes the pooled band as an assumption, named so.
 """
 
 from __future__ import annotations
@@ -38,14 +40,14 @@ COVERAGE = 0.8  # declared share of runs like this one inside the band
 
 
 def interval_rank(n: int, coverage: float = COVERAGE) -> int | None:
-    """Which order statistic of n held-out |errors| bounds the next run's at `coverage` (1-based),
+    """Which order statistic of n validation |errors| bounds the next run's at `coverage` (1-based),
     or None when n runs are too few for any."""
     k = math.ceil(coverage * (n + 1))
     return k if k <= n else None
 
 
 def prediction_interval(abs_errors, coverage: float = COVERAGE) -> float | None:
-    """The band of these held-out |errors| in %: their `interval_rank`-th smallest; None if too few."""
+    """The band of these validation |errors| in %: their `interval_rank`-th smallest; None if too few."""
     values = sorted(float(abs(e)) for e in abs_errors)
     k = interval_rank(len(values), coverage)
     return None if k is None else values[k - 1]
@@ -88,7 +90,7 @@ class Band:
     pct: float | None  # the COVERAGE prediction interval of |error| in %; None: unvalidated (< MIN_RUNS runs)
     runs: int = 0
     worst_pct: float | None = None
-    evidence: str = ""  # which held-out runs: sources and how they were held out
+    evidence: str = ""  # which validation runs: sources and how they were held out of the fit
 
     @property
     def value(self) -> float | str:
@@ -97,11 +99,11 @@ class Band:
 
     def text(self) -> str:
         if self.pct is None and not self.runs:
-            return f"unvalidated: no held-out published run like this one ({self.regime})"
+            return f"unvalidated: no validation published run like this one ({self.regime})"
         if self.pct is None:
-            return (f"unvalidated: {self.runs} held-out run(s) like this one, fewer than {MIN_RUNS} (worst "
+            return (f"unvalidated: {self.runs} validation run(s) like this one, fewer than {MIN_RUNS} (worst "
                     f"{self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
-        return (f"±{self.pct:.0f} % ({COVERAGE:.0%} prediction interval from {self.runs} held-out runs like this "
+        return (f"±{self.pct:.0f} % ({COVERAGE:.0%} prediction interval from {self.runs} validation runs like this "
                 f"one, worst {self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
 
 
@@ -117,7 +119,7 @@ def _table(path: Path = BANDS) -> dict[Regime, Band]:
 
 
 def band(hardware: str, gpus: int, mp: int, stage: int, path: Path = BANDS) -> Band:
-    """The held-out error band of a layout's regime (unvalidated where there are no held-out runs)."""
+    """The error band of a layout's regime (unvalidated where it has too few validation runs)."""
     reg = regime(hardware, gpus, mp, stage)
     return _table(path).get(reg, Band(reg, None))
 

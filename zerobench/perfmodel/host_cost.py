@@ -19,7 +19,8 @@ Units: seconds, bytes. The constants, measured or fitted on one H200 (results/gp
   profile's own values are read instead;
 - GATHER_HOST_S: host seconds per module gathered, fitted on one record, gpt-1.5b stage 3
   micro-batch 1 (its step minus stage 0's, less the copy, over its gathers; docs/gpu.md has the
-  numbers), and judged on the other five stage 3 records.
+  numbers); of the other five stage 3 records it moves two, which carry it and are fitted too
+  (perfmodel/choices.py), and leaves three unchanged.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ profile it used (`implementation`); `efficient`, this engine, is the default.
     buckets (default 5e8 elements, `reduce_scatter_coalesced`);
   - `fetch_sub_module` waits for each sub-module's gathers before it runs (`sync_per_gather`): the host
     cannot queue ahead, so host work and device time add rather than overlap.
-Neither profile hides gathers behind compute (the model's stage 3 as it was, a switch chosen on
-judged scores; docs/perfmodel.md "Fitted terms and switches").
+Neither profile hides gathers behind compute (the model's stage 3 as it was, kept, not re-chosen;
+perfmodel/choices.py "stage 3 gathers not overlapped").
 
 Sensitivity (`SENSITIVITY`, `variants`): `deepspeed-0.3`'s list-form host work is most of what moves
 its six published runs, and rests on a cost per host op borrowed from another machine and on a wait
