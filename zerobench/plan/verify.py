@@ -66,24 +66,33 @@ def emulated(req: PlanRequest, row: dict) -> dict:
 
 def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trace_record, progress=sys.stderr):
     """(every row, the top checked): the distinct layouts best first, each checked `how` (`trace` or
-    `emulate`) until `req.top` pass or TRIES × top were tried; a layout that fails is dropped from
-    the ranking, the others ranked again (an emulated row by its emulated speed)."""
+    `emulate`) until `req.top` pass or TRIES × top were tried. A layout that fails is dropped from
+    the ranking with those alike to it (its rank) that need no less memory and have no more usable
+    (its C_B and M_D variants: if it does not fit, neither do they); the others are ranked again, an
+    emulated row by its emulated speed."""
+    if how not in ("trace", "emulate"):
+        raise ConfigError(f"verify={how!r}: must be trace or emulate")
     if how == "emulate" and not torch.cuda.is_available():
         raise ConfigError("verify=emulate: needs a local CUDA GPU (one rank of each layout runs on it); "
                           "none here: use --verify trace")  # fmt: skip
-    if how not in ("trace", "emulate"):
-        raise ConfigError(f"verify={how!r}: must be trace or emulate")
     check = (lambda r: traced(req, r, tracer)) if how == "trace" else (lambda r: emulated(req, r))
-    passed, dropped, done = [], [], {}
+    done, dropped, passed = {}, {}, 0
     for candidate in shown(rows, req.top * TRIES):
-        if len(passed) == req.top:
+        if passed == req.top:
             break
         row = check({k: v for k, v in candidate.items() if k != "alike"})
         done[row["layout"]] = row
-        (passed if row.get("traced_fits", row.get("emulated_fits")) else dropped).append(row)
+        fits = row.get("traced_fits", row.get("emulated_fits"))
+        passed += bool(fits)
+        if not fits:
+            dropped[row["layout"]] = row
+            for alike in rows:
+                if (alike["rank"] == row["rank"] and alike["layout"] != row["layout"]
+                        and alike["memory_bytes"] >= candidate["memory_bytes"]
+                        and alike["usable_bytes"] <= row["usable_bytes"]):  # fmt: skip
+                    dropped[alike["layout"]] = {**alike, "dropped_as_alike_to": row["layout"]}
         if progress is not None:
-            verdict = "fits" if passed and passed[-1] is row else "does not fit: dropped"
-            print(f"plan: {how}d {row['layout']}: {verdict}", file=progress)
-    kept = [done.get(r["layout"], r) for r in rows if r["layout"] not in {d["layout"] for d in dropped}]
-    kept = ranked(kept)
-    return kept + [{**d, "rank": None} for d in dropped], [r for r in kept if r["layout"] in done][: req.top]
+            print(f"plan: {how}d {row['layout']}: {'fits' if fits else 'does not fit: dropped'}", file=progress)
+    kept = ranked([done.get(r["layout"], r) for r in rows if r["layout"] not in dropped])
+    top = [r for r in kept if r["layout"] in done][: req.top]
+    return kept + [{**d, "rank": None} for d in dropped.values()], top
