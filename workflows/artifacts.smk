@@ -117,6 +117,10 @@ rule report:
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
         claims="results/claims.csv",
         figures=expand("figures/{artifact}.png", artifact=SHEETS),
+        plan_sheet="workflows/config/plans.yaml",
+        plans=expand("results/plan/{request}.csv", request=PLANS),
+        plan_figures=expand("figures/plan_{request}.png", request=PLANS),
+        plan_validation="results/plan_validation.csv",
     output:
         report("results/REPORT.md", category="summary", caption="report/workflow.rst"),
     log:
@@ -127,4 +131,5 @@ rule report:
         peers=peers_report_flag,
     shell:
         "python -m zerobench.cli report {input.sheets} --tables {input.tables} --claims {input.claims} {params.peers}"
+        " --plan-sheet {input.plan_sheet} --plans {input.plans} --plan-validation {input.plan_validation}"
         " --out {output} > {log} 2>&1"

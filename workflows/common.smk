@@ -201,3 +201,26 @@ def peers_report_input(wildcards):
 
 def peers_report_flag(wildcards):
     return "--peers results/peers.csv" if PEERS["in_report"] else ""
+
+
+# -- plan requests (workflows/plans.smk) ------------------------------------------------------
+PLAN_FLAGS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "precision",
+              "global_batch", "attention", "top")  # fmt: skip
+
+
+def _load_plans():
+    with open(Path(workflow.basedir) / "workflows" / "config" / "plans.yaml") as f:
+        plans = yaml.safe_load(f)
+    validate(plans, schema="schemas/plans.schema.yaml")
+    return plans["requests"]
+
+
+PLANS = _load_plans()
+
+
+def plan_flags(wildcards):
+    """The request's `zerobench plan` flags, from its entry in config/plans.yaml."""
+    request = PLANS[wildcards.request]
+    return " ".join(
+        f"--{k.replace('_', '-')} {request[k]}" for k in PLAN_FLAGS if k in request
+    )

@@ -108,7 +108,8 @@ def cmd_plot(args) -> int:
 def cmd_report(args) -> int:
     from zerobench.artifacts.report import write_report  # pandas: not for a trial
 
-    write_report(args.sheets, args.tables, args.out, peers=args.peers, claims=args.claims)
+    plans = (args.plan_sheet, args.plans, args.plan_validation) if args.plan_sheet else None
+    write_report(args.sheets, args.tables, args.out, peers=args.peers, claims=args.claims, plans=plans)
     return 0
 
 
@@ -305,6 +306,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--tables", nargs="+", required=True, help="results/<artifact>.csv, as named by the sheets")
     report.add_argument("--peers", help="results/peers.csv: add the side-by-side comparison")
     report.add_argument("--claims", help="results/claims.csv: add the paper's claims ledger")
+    report.add_argument("--plan-sheet", help="workflows/config/plans.yaml: add the plan section")
+    report.add_argument("--plans", nargs="*", default=[], help="results/plan/<request>.csv, as the plan sheet names")
+    report.add_argument("--plan-validation", help="results/plan_validation.csv: the plan against published runs")
     report.add_argument("--out", required=True)
     report.set_defaults(fn=cmd_report)
     claims = sub.add_parser("claims", help="the paper's claims, each read from the artifacts' tables -> a CSV")
