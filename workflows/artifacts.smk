@@ -112,15 +112,12 @@ rule report:
     """REPORT.md: per artifact, the paper's numbers beside ours, the error and a verdict."""
     input:
         unpack(peers_report_input),
+        unpack(plan_report_input),
         gpu=expand("results/gpu/{device}/compare.csv", device=GPU_DEVICES),
         sheets=sheet_files,
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
         claims="results/claims.csv",
         figures=expand("figures/{artifact}.png", artifact=SHEETS),
-        plan_sheet="workflows/config/plans.yaml",
-        plans=expand("results/plan/{request}.csv", request=PLANS),
-        plan_figures=expand("figures/plan_{request}.png", request=PLANS),
-        plan_validation="results/plan_validation.csv",
     output:
         report("results/REPORT.md", category="summary", caption="report/workflow.rst"),
     log:
@@ -129,7 +126,8 @@ rule report:
         "envs/zerobench.yaml"
     params:
         peers=peers_report_flag,
+        plans=plan_report_flag,
     shell:
         "python -m zerobench.cli report {input.sheets} --tables {input.tables} --claims {input.claims} {params.peers}"
-        " --plan-sheet {input.plan_sheet} --plans {input.plans} --plan-validation {input.plan_validation}"
+        " {params.plans}"
         " --out {output} > {log} 2>&1"

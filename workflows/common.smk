@@ -208,8 +208,12 @@ PLAN_FLAGS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "har
               "global_batch", "attention", "top")  # fmt: skip
 
 
+PLAN_SHEET = Path(workflow.basedir) / "workflows" / "config" / "plans.yaml"
+EXTERNAL_RUNS = Path(workflow.basedir) / "zerobench" / "data" / "external_runs.csv"
+
+
 def _load_plans():
-    with open(Path(workflow.basedir) / "workflows" / "config" / "plans.yaml") as f:
+    with open(PLAN_SHEET) as f:
         plans = yaml.safe_load(f)
     validate(plans, schema="schemas/plans.schema.yaml")
     return plans["requests"]
@@ -223,4 +227,25 @@ def plan_flags(wildcards):
     request = PLANS[wildcards.request]
     return " ".join(
         f"--{k.replace('_', '-')} {request[k]}" for k in PLAN_FLAGS if k in request
+    )
+
+
+def plan_report_input(wildcards):
+    """REPORT.md's plan section reads the plans and the validation; a smoke run (CI scale) has none."""
+    if config.get("smoke"):
+        return {}
+    return {
+        "plan_sheet": str(PLAN_SHEET),
+        "plans": expand("results/plan/{request}.csv", request=PLANS),
+        "plan_figures": expand("figures/plan_{request}.png", request=PLANS),
+        "plan_validation": "results/plan_validation.csv",
+    }
+
+
+def plan_report_flag(wildcards, input):
+    if config.get("smoke"):
+        return ""
+    return (
+        f"--plan-sheet {input.plan_sheet} --plans {' '.join(input.plans)}"
+        f" --plan-validation {input.plan_validation}"
     )

@@ -5,7 +5,7 @@
 rule plan:
     """One plan request: every layout ranked (modelled), the top traced."""
     input:
-        "workflows/config/plans.yaml",
+        PLAN_SHEET,
     output:
         table="results/plan/{request}.csv",
         figure="figures/plan_{request}.png",
@@ -26,7 +26,7 @@ rule plan_validation:
     """The published runs with complete layouts (zerobench/data/external_runs.csv), each planned:
     where its layout ranks, the top pick against it, the top pick traced."""
     input:
-        "zerobench/data/external_runs.csv",
+        EXTERNAL_RUNS,
     output:
         "results/plan_validation.csv",
     log:
