@@ -23,6 +23,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 include: "workflows/common.smk"
 include: "workflows/trials.smk"
 include: "workflows/peers.smk"
+include: "workflows/plans.smk"
 include: "workflows/artifacts.smk"
 include: "workflows/smoke.smk"
 

@@ -112,6 +112,7 @@ rule report:
     """REPORT.md: per artifact, the paper's numbers beside ours, the error and a verdict."""
     input:
         unpack(peers_report_input),
+        unpack(plan_report_input),
         gpu=expand("results/gpu/{device}/compare.csv", device=GPU_DEVICES),
         sheets=sheet_files,
         tables=expand("results/{artifact}.csv", artifact=SHEETS),
@@ -125,6 +126,8 @@ rule report:
         "envs/zerobench.yaml"
     params:
         peers=peers_report_flag,
+        plans=plan_report_flag,
     shell:
         "python -m zerobench.cli report {input.sheets} --tables {input.tables} --claims {input.claims} {params.peers}"
+        " {params.plans}"
         " --out {output} > {log} 2>&1"

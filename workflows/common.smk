@@ -201,3 +201,51 @@ def peers_report_input(wildcards):
 
 def peers_report_flag(wildcards):
     return "--peers results/peers.csv" if PEERS["in_report"] else ""
+
+
+# -- plan requests (workflows/plans.smk) ------------------------------------------------------
+PLAN_FLAGS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "precision",
+              "global_batch", "attention", "top")  # fmt: skip
+
+
+PLAN_SHEET = Path(workflow.basedir) / "workflows" / "config" / "plans.yaml"
+EXTERNAL_RUNS = Path(workflow.basedir) / "zerobench" / "data" / "external_runs.csv"
+
+
+def _load_plans():
+    with open(PLAN_SHEET) as f:
+        plans = yaml.safe_load(f)
+    validate(plans, schema="schemas/plans.schema.yaml")
+    return plans["requests"]
+
+
+PLANS = _load_plans()
+
+
+def plan_flags(wildcards):
+    """The request's `zerobench plan` flags, from its entry in config/plans.yaml."""
+    request = PLANS[wildcards.request]
+    return " ".join(
+        f"--{k.replace('_', '-')} {request[k]}" for k in PLAN_FLAGS if k in request
+    )
+
+
+def plan_report_input(wildcards):
+    """REPORT.md's plan section reads the plans and the validation; a smoke run (CI scale) has none."""
+    if config.get("smoke"):
+        return {}
+    return {
+        "plan_sheet": str(PLAN_SHEET),
+        "plans": expand("results/plan/{request}.csv", request=PLANS),
+        "plan_figures": expand("figures/plan_{request}.png", request=PLANS),
+        "plan_validation": "results/plan_validation.csv",
+    }
+
+
+def plan_report_flag(wildcards, input):
+    if config.get("smoke"):
+        return ""
+    return (
+        f"--plan-sheet {input.plan_sheet} --plans {' '.join(input.plans)}"
+        f" --plan-validation {input.plan_validation}"
+    )

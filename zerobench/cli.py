@@ -1,5 +1,6 @@
-"""`zerobench` command line: run, trace, model, estimate (one trial or answer each), and table,
-plot, report, claims (results/ and figures/ from records). See design.md for the interface."""
+"""`zerobench` command line: run, trace, model, estimate (one trial or answer each), plan (the
+layouts of a model on N GPUs, ranked and checked), and table, plot, report, claims (results/ and
+figures/ from records). See design.md for the interface."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import subprocess
 import sys
 
 from zerobench import slow_spells
-from zerobench.cli_args import trial_args
-from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError
+from zerobench.cli_args import field_args, trial_args
+from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError, preset
 from zerobench.engine.runtime import allocator
 from zerobench.engine.runtime.procs import process_tree
 from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
+from zerobench.plan.answer import heading, shown, table, write_csv
+from zerobench.plan.rank import rank
+from zerobench.plan.request import PlanRequest
 from zerobench.results import read_record, write_record
 from zerobench.sweeps.groups import modelled_record, sweep_args
 from zerobench.sweeps.search import listed_flags, run_under_policy
@@ -104,7 +108,8 @@ def cmd_plot(args) -> int:
 def cmd_report(args) -> int:
     from zerobench.artifacts.report import write_report  # pandas: not for a trial
 
-    write_report(args.sheets, args.tables, args.out, peers=args.peers, claims=args.claims)
+    plans = (args.plan_sheet, args.plans, args.plan_validation) if args.plan_sheet else None
+    write_report(args.sheets, args.tables, args.out, peers=args.peers, claims=args.claims, plans=plans)
     return 0
 
 
@@ -150,6 +155,28 @@ def cmd_estimate(args) -> int:
     attention = args.attention or "fused"
     print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node, attention=attention,
                         implementation=args.implementation or DEFAULT_IMPLEMENTATION))  # fmt: skip
+    return 0
+
+
+def cmd_plan(args) -> int:
+    model = preset(args.model).with_overrides(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                                              seq=args.seq, vocab=args.vocab)  # fmt: skip
+    req = PlanRequest(model, args.gpus, args.hardware, args.precision or "fp16", args.global_batch, args.top,
+                      args.attention or "fused", args.implementation or DEFAULT_IMPLEMENTATION, args.gpus_per_node,
+                      args.mp)  # fmt: skip
+    rows = rank(req)
+    top = shown(rows, req.top)
+    if args.verify:
+        from zerobench.plan.verify import verify  # imports torch
+
+        rows, top = verify(req, rows, args.verify)
+    print(table(req, rows, top))
+    if args.out:
+        write_csv(rows, args.out)
+    if args.figure:
+        from zerobench.artifacts.plots.plan_frontier import plot_plan  # matplotlib: not for the ranking
+
+        plot_plan(rows, args.figure, heading(req, rows))
     return 0
 
 
@@ -229,6 +256,20 @@ def parser() -> argparse.ArgumentParser:
     estimate = sub.add_parser("estimate", help="does it fit, at what batch, how fast")
     trial_args(estimate, "estimate")
     estimate.set_defaults(fn=cmd_estimate)
+    plan = sub.add_parser("plan", help="every layout of a model on N GPUs, ranked by the model, the top checked")
+    field_args(plan, ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node",
+                      "precision", "attention", "implementation"), model=True, gpus=True, hardware=True)  # fmt: skip
+    plan.add_argument("--mp", type=int, help="only this MP degree (default: every one dividing the heads and a node)")
+    plan.add_argument("--global-batch", type=int, help="sequences per step = micro-batch x dp x grad-accum")
+    plan.add_argument("--top", type=int, default=5, help="layouts shown, and checked with --verify")
+    plan.add_argument(
+        "--verify",
+        choices=("trace", "emulate"),
+        help="check the top layouts: traced (any machine) or one rank emulated (a local GPU)",
+    )
+    plan.add_argument("--out", help="CSV of every layout that fits")
+    plan.add_argument("--figure", help="PNG: tokens/s against memory, the frontier and the top marked")
+    plan.set_defaults(fn=cmd_plan)
     cal = sub.add_parser("calibrate", help="microbenchmark this machine -> a measured hardware profile")
     cal.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     cal.add_argument("--out", default="calibrated-cpu", help="profile JSON path, or NAME (results/profiles/NAME.json)")
@@ -265,6 +306,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--tables", nargs="+", required=True, help="results/<artifact>.csv, as named by the sheets")
     report.add_argument("--peers", help="results/peers.csv: add the side-by-side comparison")
     report.add_argument("--claims", help="results/claims.csv: add the paper's claims ledger")
+    report.add_argument("--plan-sheet", help="workflows/config/plans.yaml: add the plan section")
+    report.add_argument("--plans", nargs="*", default=[], help="results/plan/<request>.csv, as the plan sheet names")
+    report.add_argument("--plan-validation", help="results/plan_validation.csv: the plan against published runs")
     report.add_argument("--out", required=True)
     report.set_defaults(fn=cmd_report)
     claims = sub.add_parser("claims", help="the paper's claims, each read from the artifacts' tables -> a CSV")

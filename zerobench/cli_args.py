@@ -1,5 +1,6 @@
 """The trial flags of `zerobench run`, `trace`, `model`, `estimate` and `peers`, made from the
-trial fields (zerobench/engine/fields.py); argparse only."""
+trial fields (zerobench/engine/fields.py), and those fields' flags for a command of its own
+(`plan`); argparse only."""
 
 from __future__ import annotations
 
@@ -26,7 +27,20 @@ def trial_args(p: argparse.ArgumentParser, command: str) -> None:
         if not takes(command, f.name):
             continue
         g = groups.get(f.group) or groups.setdefault(f.group, p.add_argument_group(GROUPS[f.group]))
-        if f.kind is bool:
-            g.add_argument(f.option, action="store_true", help=f.help)
-        else:
-            g.add_argument(f.option, type=f.kind, default=f.default, choices=f.choices, help=f.help)
+        _add(g, f)
+
+
+def field_args(p: argparse.ArgumentParser | argparse._ArgumentGroup, names: tuple[str, ...], **required) -> None:
+    """The flags of the trial fields `names` as `trial_args` makes them, for a command that is no
+    trial (`plan`); `required`: name -> True for a flag that must be given (no default)."""
+    for name in names:
+        _add(p, FIELDS[name], required.get(name, False))
+
+
+def _add(g, f, required: bool = False) -> None:
+    if f.kind is bool:
+        g.add_argument(f.option, action="store_true", help=f.help)
+    elif required:
+        g.add_argument(f.option, type=f.kind, required=True, choices=f.choices, help=f.help)
+    else:
+        g.add_argument(f.option, type=f.kind, default=f.default, choices=f.choices, help=f.help)

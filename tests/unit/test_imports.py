@@ -4,7 +4,7 @@ Every module of zerobench is parsed (never imported), and every import counts, t
 functions too: an in-function import hides a cycle from Python, not from this test. The layers,
 top to bottom; a module may import its own layer and those below it:
 
-    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers -> perfmodel
+    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers, plan -> perfmodel
     -> the engine (engine.runtime -> engine.zero -> engine.parallel -> engine.config, model, ...)
     -> the ground floor (memory, flops, results, clock, gpus)
 
@@ -24,7 +24,7 @@ ROOT = Path(zerobench.__file__).resolve().parent
 LAYERS = (
     ("cli", "cli_args", "checks", "fitting"),  # the seam and the tools that use everything below
     ("artifacts",),
-    ("sweeps", "calibrate", "peers"),
+    ("sweeps", "calibrate", "peers", "plan"),
     ("perfmodel",),
     ("engine.runtime",),
     ("engine.zero",),

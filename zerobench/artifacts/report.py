@@ -20,6 +20,7 @@ from zerobench.artifacts.host_speed import note as host_note
 from zerobench.artifacts.judged_bands import counts as band_counts
 from zerobench.artifacts.judged_bands import inside_of
 from zerobench.artifacts.noisy_rows import mark_noisy
+from zerobench.artifacts.plan_section import plan_section
 from zerobench.peers.summary import peers_markdown
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
@@ -236,10 +237,13 @@ def peers_section(csv_path: str) -> str:
 
 
 def write_report(
-    sheets: list[str], tables: list[str], out: str, peers: str | None = None, claims: str | None = None
-) -> None:
+    sheets: list[str], tables: list[str], out: str, peers: str | None = None, claims: str | None = None,
+    plans: tuple[str, list[str], str | None] | None = None,
+) -> None:  # fmt: skip
     """REPORT.md from the workflow sheets and the tables named like them (results/<sheet>.csv), the
-    peers comparison and the paper's claims ledger (artifacts/claims.py) when their CSVs are given."""
+    peers comparison and the paper's claims ledger (artifacts/claims.py) when their CSVs are given,
+    and the plan section (artifacts/plan_section.py) from `plans`: (the plan requests' sheet, their
+    CSVs, the validation CSV or None)."""
     by_name = {Path(t).stem: t for t in tables}
     sections, summary = [], []
     for path in sheets:
@@ -252,6 +256,8 @@ def write_report(
         summary.append(line)
     if peers:
         sections.append(peers_section(peers))
+    if plans:
+        sections.append(plan_section(*plans))
     gpu = gpu_section(Path(out).parent)  # measured on one H200 (results/gpu/h200), when it is there
     if gpu:
         sections.append(gpu)

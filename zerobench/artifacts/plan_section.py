@@ -1,0 +1,119 @@
+"""REPORT.md's section on planning: each plan request of workflows/config/plans.yaml (its top layouts,
+modelled and traced; where the published layout it names ranks) and the plan against the published
+runs with complete layouts (results/plan_validation.csv, fitting/plan_validation.py). Reads the CSVs
+only; no torch import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+TOP = 3  # layouts shown per request; the CSV has every one
+SWITCHES = ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers")
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f}"
+
+
+def _rows(df: pd.DataFrame) -> list[str]:
+    lines = [
+        "| rank | layout | tokens/s | TFLOPS/GPU | memory / usable GB | band ±% | checked |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in df.itertuples():
+        lines.append(f"| {r.rank:g} | {r.layout} | {r.tokens_per_s:.4g} | {r.tflops_per_gpu:.1f} | "
+                     f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.band_pct} | {r.checked} |")  # fmt: skip
+    return lines
+
+
+def published(df: pd.DataFrame, layout: dict) -> pd.DataFrame:
+    """The plan's rows of a published layout (its stage, MP, micro-batch and the switches it names;
+    a switch it does not name is off), best first."""
+    named = {**dict.fromkeys(SWITCHES, False), "checkpoint_activations": bool(layout.get("partition_activations")),
+             **layout}  # fmt: skip
+    mask = pd.Series(True, index=df.index)
+    for key, value in named.items():
+        mask &= df[key].astype(str).str.lower() == str(value).lower()
+    return df[mask & df["rank"].notna()]
+
+
+def _request(name: str, request: dict, df: pd.DataFrame) -> str:
+    ranked = df[df["rank"].notna()]
+    checked = ranked[ranked.checked != "modelled"]
+    top = (checked if len(checked) else ranked).head(TOP)
+    gone = df[df["rank"].isna()]
+    text = [f"### {request['title']} (`{name}`: {request['hardware']})",
+            f"{len(ranked)} layouts fit ({ranked['rank'].max():g} distinct speeds); the top {len(top)} "
+            f"{'traced' if len(checked) else 'modelled'}" + (f", {len(gone)} dropped by the trace" if len(gone) else "")
+            + f". Figure `figures/plan_{name}.png`.", "\n".join(_rows(top))]  # fmt: skip
+    layout = request.get("paper_layout")
+    if layout:
+        mine = published(df, layout)
+        best = ranked.iloc[0]
+        if len(mine):
+            p = mine.iloc[0]
+            text.append(f"**The published layout** ({p.layout}) ranks **{p['rank']:g}** of {ranked['rank'].max():g} "
+                        f"distinct speeds: {p.tokens_per_s:.4g} tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU, "
+                        f"{100 * (best.tokens_per_s / p.tokens_per_s - 1):.1f}% below the plan's top pick "
+                        f"({best.layout}), modelled.")  # fmt: skip
+        else:
+            text.append(f"**The published layout** {layout} is not among the layouts that fit in the model.")
+        paper_code = ranked[ranked.stage <= 2]  # the paper's code had no stage 3 (P_os+g+p)
+        if len(paper_code) and len(mine):
+            q = paper_code.iloc[0]
+            verdict = ("**the published layout itself**" if q.layout == p.layout else
+                       f"{q.layout} (rank {q['rank']:g}), {100 * (q.tokens_per_s / p.tokens_per_s - 1):.1f}% faster "
+                       "than the published layout")  # fmt: skip
+            text.append(f"Among stages 0-2 alone (the paper's code had no P_os+g+p) the top pick is {verdict} "
+                        "(C_B's size and M_D move memory, not the model's speed: variants alike).")  # fmt: skip
+    return "\n\n".join(text)
+
+
+def _validation(df: pd.DataFrame) -> str:
+    lines = ["| source | runs | in the plan | published rank (median) | top pick faster by (median %, modelled) | "
+             "top pick = published | top picks traced, fit | pairs ordered as measured % |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for source, sub in [*df.groupby("source", sort=False), ("all", df)]:
+        inside = sub[sub.published_rank.notna()]
+        same = (inside.top_gain_pct.abs() < 1e-9).sum()
+        picks = sub.drop_duplicates("top_layout")
+        traced = picks[picks.top_traced_fits.notna()]
+        fits = traced.top_traced_fits.astype(str).str.lower().eq("true").sum()
+        pairs = sub.drop_duplicates(["model", "gpus", "global_batch"]).pairs_ordered_pct.dropna()
+        ordered = f"{pairs.mean():.0f}" if len(pairs) else "-"
+        lines.append(f"| {source} | {len(sub)} | {len(inside)} | {inside.published_rank.median():.0f} | "
+                     f"{inside.top_gain_pct.median():.1f} | {same} | {len(traced)}, {fits} | {ordered} |")  # fmt: skip
+    differs = df[df.top_gain_pct.fillna(0).abs() > 1e-9].differs_in.str.split(", ").explode().value_counts()
+    notes = df.note.fillna("").value_counts().drop("", errors="ignore")
+    return "\n\n".join([
+        "### Against published runs with complete layouts",
+        "Each published run (zerobench/data/external_runs.csv, every split: nothing is fitted here) planned on its "
+        "own request (its GPUs, hardware, precision, attention and global batch, its code's memory switches and "
+        "collective profile), `results/plan_validation.csv`. Its layout's rank among the plan's distinct speeds, "
+        "and the plan's top pick against it (modelled tokens/s; the pick traced for memory, the published layout "
+        "having trained).",
+        "\n".join(lines),
+        "Where the top pick differs, what differs (count of runs): "
+        + ", ".join(f"{k} {v}" for k, v in differs.items()) + ". Runs not in the plan: "
+        + ("; ".join(f"{k} ({v})" for k, v in notes.items()) or "none") + ".",
+    ])  # fmt: skip
+
+
+def plan_section(sheet: str | Path, tables: list[str], validation: str | None) -> str:
+    """The section: every request of `sheet` whose CSV (results/plan/<name>.csv) is among `tables`,
+    then the validation table where its CSV is given."""
+    requests = yaml.safe_load(Path(sheet).read_text())["requests"]
+    by_name = {Path(t).stem: t for t in tables}
+    parts = ["## Planning: the best layout for a model on N GPUs (`zerobench plan`)",
+             "Every layout the engine can express (stage, MP inside a node, micro-batch and accumulation, "
+             "checkpointing, P_a, P_a+cpu, M_D, C_B) ranked by the performance model's tokens/s (**modelled**, "
+             "with its regime's held-out band), its memory by the model's; the top layouts **traced** (the "
+             "engine under FakeTensorMode on the target's CUDA semantics) and dropped if their peak is over "
+             "the card's usable bytes. docs/plan.md."]  # fmt: skip
+    parts += [_request(name, req, pd.read_csv(by_name[name])) for name, req in requests.items() if name in by_name]
+    if validation:
+        parts.append(_validation(pd.read_csv(validation)))
+    return "\n\n".join(parts)
