@@ -209,7 +209,10 @@ PLAN_FLAGS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "har
 
 
 PLAN_SHEET = Path(workflow.basedir) / "workflows" / "config" / "plans.yaml"
-EXTERNAL_RUNS = Path(workflow.basedir) / "zerobench" / "data" / "external_runs.csv"
+# the package's own data (a copy of the workflow alone still finds it)
+EXTERNAL_RUNS = (
+    Path(sheets.__file__).resolve().parents[1] / "data" / "external_runs.csv"
+)
 
 
 def _load_plans():
