@@ -1,48 +1,310 @@
-"""Peak memory of this engine on a measured profile (one `zerobench calibrate` wrote): on a CPU host
-in the bytes a rank's RSS grows by, on a GPU in the bytes its caching allocator hands out; what
-zerobench/engine/model.py and zero/ keep at their peak, plus on a CPU the runtime's own that
-calibrate measures. The paper's codes on datasheet profiles are feasibility.py's.
+"""Peak memory of one rank of this engine, read from its code: what zerobench/engine/model.py,
+parallel/ and zero/ hold at each moment of a training step where the device's live bytes can peak,
+in the bytes `zerobench trace` counts (engine/runtime/trace.py: the tensors, by the device they live
+on) and held equal to it in tests/unit/test_engine_memory.py. On a GPU the caching allocator hands
+out these bytes; what it holds beyond them, the CUDA context and NCCL's buffers are named apart
+(`outside_allocator_bytes`, feasibility.py). On a CPU host, the runtime's own RSS that calibrate
+measures is added (`runtime`).
 
-Read from the code, in the categories `zerobench trace` counts (engine/runtime/trace.py: param,
-grad, optimizer; activation, what forward keeps; temporary, what backward and the step make and
-free), and checked against it in tests/unit/test_engine_memory.py. Activations are in the compute
-dtype (`compute_bytes`): fp32 on a CPU host whatever the storage, the storage dtype on a GPU:
-- model states: the paper's formula per stage (zerobench/memory.py, §5);
-- saved for backward, per token of one layer on one MP rank (model.py's Block): the block input
-  and the residual sum (layernorm inputs), both layernorm outputs (linear inputs): 4h replicated
-  over MP; q, k, v (3h/mp), the attention output and its re-laid copy for the projection
-  (2h/mp), the MLP's fc output and GeLU output (8h/mp): 4h + 13h/mp elements; where the compute
-  dtype is not the storage's (16-bit storage on a CPU), each weight's fp32 cast (model.py's
-  `_Cast`), which F.linear saves: 4 bytes per Ψ/mp (not at stage 3, which casts again in backward);
-- with checkpointing, each block's input instead (b·s·h, /mp with P_a; about none on the host
-  with P_a+cpu), and later one block recomputed with its gradients (2 × a layer's saved bytes);
-- the loss (model.py's TiedVocab, `logits.float()`): the fp32 log-softmax over b·s × V/mp logits is saved, and its
-  backward holds two more such buffers (the NLL gradient and the log-softmax gradient): 3 × at
-  the start of backward, beside the activations; Megatron's vocab-parallel loss (mp > 1,
-  parallel/tensor_parallel.py) holds the logits and one buffer it works in place: 2 ×;
-- the tied embedding at the end of backward, when the activations are freed: its gradient from
-  the lookup, from the output layer, and their sum (3 × V/mp × h), beside stage 2's or 3's
-  reduce bucket and stage 3's gathered embedding; the peak is the largest of the three moments;
-- stage 3's buckets gathered ahead of use through forward and backward (its prefetch, bounded by
-  `prefetch_bytes` and by the whole model), beside the activations; `zerobench trace` runs one
-  step, whose first micro-batch records the order to prefetch along, so it sees none;
-- the step: the model states plus, with 16-bit gradients, one piece's fp32 gradient, made just
-  before its Adam update and dropped after it (zero/core.py): a piece is at most a bucket or the
-  largest parameter, split over the ranks that share it;
-- the runtime (CPU): what a process's RSS gains by running its first steps beyond its tensors (code
-  paged in, thread pools, the allocator's own), measured by calibrate on a tiny model, and with
-  checkpointing what the same run gains more (not tensors: the recomputation calls autograd's
-  backward inside backward; about the same whatever the model's size).
+Units: bytes per rank. t = b·s tokens of one micro-batch; U = t·h activations in the compute dtype
+(`compute_bytes`: fp32 on a CPU host whatever the storage, the storage dtype on a GPU), replicated
+over MP; P = t·h/N_m, one MP rank's slice.
+- Model states (paper §5): the engine's own flat layout (zero/partition.py FlatLayout over this
+  rank's parameter shapes, `rank_shapes`): stages 0–2 pack parameters in order into C_B buckets,
+  padded to N_d; stage 3 makes one bucket per module (zero/stage3.py `module_layout`). Parameters
+  are the padded flat buffer (stages 0–2) or this rank's chunks (stage 3); gradients the whole flat
+  buffer (stages 0–1) or the chunks (2–3); Adam's fp32 moments and master the owned chunks
+  (stage 0: everything).
+- Forward keeps, per block (model.py Block, Megatron's split in parallel/tensor_parallel.py): the
+  block's input, both LayerNorm outputs and the residual sum (4U), q/k/v, the attention output, the
+  MLP's fc and GeLU outputs (12P), LayerNorm statistics and attention's log-sum-exp (fp32). With
+  checkpointing, only each block's input (zero/activations.py: whole, 1/N_m with P_a, on the host
+  with P_a+cpu, in one preallocated buffer with M_D), and the last block's output and ln_f's.
+- The loss (model.py TiedVocab, or tensor_parallel.py's vocab-parallel cross-entropy over V/N_m
+  columns): at MP 1 the logits, their fp32 copy and the fp32 log-softmax in forward, three fp32
+  buffers at the start of backward; at MP > 1 the logits, their fp32 copy and the shifted logits
+  that become the softmax and, in place, the gradient.
+- Backward, block by block (with checkpointing, each block is recomputed first: its input gathered
+  (P_a) or reloaded (P_a+cpu), its forward's tensors rebuilt beside the incoming gradient): the
+  moments where the most is alive, each counted; the output layer's gradient of the tied embedding
+  is held from the loss to the lookup's.
+- Gradient buckets in flight (zero/stage1.py, stage2.py): stage 2 stages each bucket's gradients
+  until it is reduce-scattered, with at most `MAX_IN_FLIGHT` reductions outstanding beside the
+  bucket being filled; stage 1 keeps every reduced chunk until backward ends.
+- The step: one piece's fp32 gradient at a time (zero/core.py), 16-bit gradients only.
+- The token batch: every rank holds the whole global batch (engine/runtime/train.py moves it to
+  the device before taking its micro-batches), b·N_d·m·(s+1) int64.
 """
 
 from __future__ import annotations
 
-from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.memory import model_state_bytes
-from zerobench.perfmodel.profile import HardwareProfile
-from zerobench.stages import rule
+from functools import lru_cache
 
-FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype (config.PrecisionConfig), the loss's and Adam's
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
+from zerobench.engine.zero.partition import FlatLayout
+from zerobench.engine.zero.stage2 import MAX_IN_FLIGHT
+from zerobench.perfmodel.profile import HardwareProfile
+
+FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype, the loss's, Adam's, statistics'
+TOKEN = 8  # bytes of a token id (int64)
+
+
+def rank_shapes(model: ModelConfig, mp: int) -> list[tuple[str, tuple[int, ...]]]:
+    """This MP rank's parameters, named and shaped as the engine's model has them, in
+    `named_parameters` order (model.py; split as parallel/megatron.py splits them)."""
+    h, f = model.hidden, 4 * model.hidden
+    rows = -(-model.vocab // mp)  # the vocabulary padded to a multiple of N_m, one rank's rows
+    shapes = [("wte", (rows, h)), ("wpe", (model.seq, h))]
+    for i in range(model.layers):
+        b = f"blocks.{i}."
+        shapes += [
+            (b + "ln1.weight", (h,)), (b + "ln1.bias", (h,)),
+            (b + "attn.qkv.weight", (3 * h // mp, h)), (b + "attn.qkv.bias", (3 * h // mp,)),
+            (b + "attn.proj.weight", (h, h // mp)), (b + "attn.proj.bias", (h,)),
+            (b + "ln2.weight", (h,)), (b + "ln2.bias", (h,)),
+            (b + "mlp.fc.weight", (f // mp, h)), (b + "mlp.fc.bias", (f // mp,)),
+            (b + "mlp.proj.weight", (h, f // mp)), (b + "mlp.proj.bias", (h,)),
+        ]  # fmt: skip
+    return shapes + [("ln_f.weight", (h,)), ("ln_f.bias", (h,))]
+
+
+# the modules that own parameters, in `named_modules` order, and how many parameters each owns
+_BLOCK_MODULES = (2, 2, 2, 2, 2, 2)  # ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj
+
+
+@lru_cache(maxsize=256)
+def flat_layout(model: ModelConfig, mp: int, dp: int, stage: int, bucket_numel: int, threshold: int) -> FlatLayout:
+    """The engine's own layout of this rank's parameters: C_B buckets packed in order (stages 0–2,
+    zero/core.py `packed_layout`) or one bucket per module, small tensors packed apart (stage 3,
+    zero/stage3.py `module_layout`)."""
+    shapes = rank_shapes(model, mp)
+    if stage < 3:
+        return FlatLayout(shapes, dp, bucket_numel)
+    owners = [[0, 1]]  # the GPT itself owns wte and wpe
+    i = 2
+    for _ in range(model.layers):
+        for n in _BLOCK_MODULES:
+            owners.append(list(range(i, i + n)))
+            i += n
+    owners.append([i, i + 1])  # ln_f
+    numel = [_numel(s) for _, s in shapes]
+    groups = [[j for j in g if numel[j] > threshold] for g in owners]
+    groups = [g for g in groups if g]
+    rest = [j for j in range(len(shapes)) if numel[j] <= threshold]
+    if rest:
+        packed = FlatLayout([shapes[j] for j in rest], 1, bucket_numel)
+        groups += [[rest[k] for k in b.slots] for b in packed.buckets]
+    return FlatLayout(shapes, dp, groups=groups)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def compute_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
+    """Bytes per activation element: the compute dtype's. A CPU host computes in fp32 whatever the
+    storage (config.PrecisionConfig); a GPU in the storage dtype. The hardware decides, not the
+    precision's device field: a GPU profile modelled from a CPU command line is still a GPU."""
+    return FP32 if hw.ranks_share_compute else precision.bytes_pgk[0]
+
+
+def model_states(layout: FlatLayout, stage: int, managed_numel: int, precision: PrecisionConfig) -> dict[str, float]:
+    """param, grad and optimizer bytes of the engine built on `layout` (the module docstring)."""
+    p, g = precision.bytes_pgk[:2]
+    k = 2 * FP32 + (FP32 if p != FP32 else 0)  # Adam's moments, and an fp32 master of 16-bit weights
+    padded, shard = layout.padded_numel, layout.shard_numel
+    if stage == 3:  # managed buckets chunked, persistent ones whole on every rank
+        chunks = sum(b.chunk for b in layout.buckets[:managed_numel])
+        whole = sum(b.padded for b in layout.buckets[managed_numel:])
+        return {"param_bytes": p * (chunks + whole), "grad_bytes": g * shard, "optimizer_bytes": k * shard}
+    return {
+        "param_bytes": p * padded,
+        "grad_bytes": g * (padded if stage < 2 else shard),
+        "optimizer_bytes": k * (padded if stage == 0 else shard),
+    }
+
+
+class _Buckets:
+    """Gradient buffers alive in backward (zero/stage1.py, stage2.py), delivered one parameter at a
+    time in backward's order: stage 2 stages a bucket from its first gradient until its
+    reduce-scatter is waited for (at most `MAX_IN_FLIGHT` outstanding, the oldest waited for when
+    a new one starts); stage 1 allocates each bucket's reduced chunk when it starts and keeps it
+    until backward ends. Stage 0 reduces in place; one DP rank reduces nothing."""
+
+    def __init__(self, layout: FlatLayout, stage: int, dp: int, g: int, accumulating: bool):
+        self.layout, self.stage, self.g = layout, stage, g
+        # after a step's first micro-batch, stage 2 reduce-scatters into a chunk-sized buffer that
+        # is added to the rank's gradients once the reduction is done
+        self.out = accumulating and stage != 1
+        self.active = dp > 1 and stage in (1, 2, 3)
+        self.pending = [len(b.slots) for b in layout.buckets]
+        self.staged: dict[int, float] = {}
+        self.in_flight: list[int] = []
+        self.bytes = 0.0
+
+    def deliver(self, j: int) -> float:
+        """Parameter j's gradient handed over; returns the bytes alive at that moment (before its
+        bucket, if complete, is reduced)."""
+        if not self.active:
+            return 0.0
+        b = self.layout.slots[j].bucket
+        bucket = self.layout.buckets[b]
+        if self.stage != 1 and b not in self.staged:
+            self.staged[b] = bucket.padded * self.g
+            self.bytes += self.staged[b]
+        at = self.bytes
+        self.pending[b] -= 1
+        if self.pending[b] == 0:
+            if self.stage == 1:
+                self.bytes += bucket.chunk * self.g
+            else:
+                while len(self.in_flight) > MAX_IN_FLIGHT - 1:
+                    done = self.in_flight.pop(0)
+                    self.bytes -= self.staged.pop(done) + self.out * self.layout.buckets[done].chunk * self.g
+                self.in_flight.append(b)
+                self.bytes += self.out * bucket.chunk * self.g
+        return at
+
+
+def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
+                hw: HardwareProfile, grad_accum: int = 1) -> dict[str, float]:  # fmt: skip
+    """Bytes per rank: the model states (param_bytes, grad_bytes, optimizer_bytes); `activations`,
+    what forward keeps for backward; `transient`, the rest of the step's peak (the loss's buffers,
+    a block rebuilt and its gradients, gradient buckets, the embedding's gradients, the step's
+    fp32 piece, the token batch), at `moment`; `runtime` (a CPU host's own, measured by calibrate)
+    and `nccl` (a GPU's communicators, outside the allocator). `tensor_peak` adds the tensors."""
+    m, dp, L, stage = parallel.mp, parallel.dp, model.layers, parallel.stage
+    p, g = precision.bytes_pgk[:2]
+    a = compute_bytes(precision, hw)
+    t, h = micro_batch * model.seq, model.hidden
+    U, P = t * h * a, t * h // m * a  # an activation, replicated over MP / one MP rank's slice
+    stats = 2 * t * FP32  # one LayerNorm's mean and reciprocal deviation, saved for backward
+    lse = t * (model.heads // m) * FP32  # attention's log-sum-exp, saved for backward
+    rows = -(-model.vocab // m)
+    layout = flat_layout(model, m, dp, stage, parallel.bucket_bytes // p, parallel.persistence_threshold)
+    managed = sum(1 for b in layout.buckets if not _persistent(layout, b, parallel.persistence_threshold))
+    states = model_states(layout, stage, managed, precision)
+    fixed = sum(states.values()) + micro_batch * dp * grad_accum * (model.seq + 1) * TOKEN
+    emb = rows * h * a  # one gradient of the tied embedding (this rank's rows)
+    # 16-bit storage computed in fp32 (a CPU host): F.linear and layer_norm save each weight's cast
+    # (model.py `_Cast`); stage 3 saves a token instead and casts again in backward
+    cast = a if a != p and stage < 3 else 0
+    recast = a if a != p and stage == 3 else 0
+    # -- forward keeps (the module docstring) ------------------------------------------------------
+    rest = 3 * U + 12 * P + lse + 2 * stats + (12 * h * h // m + 2 * h) * cast  # a block's, but its input and output
+    block = rest + U  # with its output, the next block's input
+    # the vocab-parallel lookup's local ids and mask; the tied embedding's cast, saved by the output layer
+    ids = t * (TOKEN + 1) if m > 1 else 0
+    other = ids + rows * h * cast
+    ckpt, md = parallel.checkpoint_activations, parallel.contiguous_buffers
+    pa, off = parallel.partition_activations and m > 1, parallel.offload_activations
+    chunk = U // m if pa else U
+    if ckpt:
+        kept = 0 if off else L * chunk
+        persistent = (U if md and pa else 0) + (chunk if md and off else 0)  # M_D's gather, reload buffers
+        acts = kept + other + 2 * U + stats  # + the last block's output and ln_f's
+    else:
+        kept = persistent = 0
+        acts = U + L * block + other + U + stats  # the embedding's output, the blocks, ln_f's output
+    # stage 3 gathers a module's bucket for its forward and again for its backward, holding it until
+    # its gradients are reduced (zero/stage3.py); the GPT's own (wte, wpe) from the forward's start
+    # and again from the loss's backward to the end. One DP rank gathers nothing.
+    gathers = stage == 3 and dp > 1
+    size = [b.padded * p if gathers else 0 for b in layout.buckets]
+    root = size[layout.slots[0].bucket]
+    moments: dict[str, float] = {}
+    # -- the loss -------------------------------------------------------------------------------------
+    logits = t * (rows if m > 1 else model.vocab)
+    copy = FP32 if a != FP32 else 0  # `.float()` copies 16-bit logits
+    moments["loss forward"] = fixed + root + acts + logits * (a + copy + FP32)
+    if m == 1:  # log-softmax saved; its gradient and the NLL's beside it
+        moments["loss backward"] = fixed + acts + 3 * logits * FP32
+    else:  # the softmax made the gradient in place, cast back to the logits' dtype
+        moments["loss backward"] = fixed + acts + logits * (FP32 + a)
+    fixed += root  # from the output layer's backward, which reads wte, to the end
+    moments["output layer backward"] = fixed + acts + logits * a + U + emb + rows * h * recast
+    held = emb  # the output layer's gradient of the tied embedding, until the lookup's
+    # -- backward, block by block ---------------------------------------------------------------
+    buckets = _Buckets(layout, stage, dp, g, grad_accum > 1)
+    first = [2 + 12 * i for i in range(L + 1)]  # each block's first parameter (wte, wpe, 12 a block, ln_f)
+    for j in range(first[L], len(layout.slots)):  # ln_f's, before the last block
+        buckets.deliver(j)
+    X = 0 if md else U  # a rebuilt block's input: in M_D's buffers, or gathered, reloaded, kept whole
+    for i in range(L - 1, -1, -1):
+        if ckpt:  # checkpoints below i, the rebuilt block's output and its incoming gradient held
+            base = fixed + held + ids + persistent + (kept if md else i * (0 if off else chunk)) + X
+            y = G = U
+            live = {layout.slots[first[i] + k].bucket for k in range(0, 12, 2)}  # rebuilt: all gathered
+            moments[f"block {i} rebuilt"] = base + buckets.bytes + U + rest + 2 * U + sum(size[b] for b in live)
+        else:  # blocks below i keep theirs (block i's input is block i-1's output)
+            base = fixed + held + ids + U + i * block
+            y, G = 0, 0
+            live = set()
+        w = [first[i] + k for k in range(12)]  # ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc w/b, proj w/b
+        held_in = (U + 4 * P + lse + stats) + U  # ln1's output, q/k/v and attention's, the residual's gradient
+        # each node of the block's backward: what is alive while it runs (its saved tensors, its
+        # incoming gradient, its outputs), and after it, when its parameters' gradients are handed
+        # over (saved tensors and incoming gradient released, a weight's gradient alive)
+        for name, ws, after, params in (
+            ("mlp.proj backward", U + y + rest + 4 * P, U + y + rest + 4 * P, (11, 10)),
+            ("gelu backward", U + y + rest + 4 * P, 0, ()),
+            ("mlp.fc backward", U + y + rest - 4 * P + U, U + y + rest - 8 * P, (9, 8)),
+            ("ln2 backward", U + y + rest - 8 * P + U, U + y + held_in, (7, 6)),
+            ("residual sum", U + y + held_in + U, 0, ()),
+            ("attn.proj backward", G + y + held_in + P, G + y + held_in + P, (5, 4)),
+            ("attention backward", G + y + held_in + 4 * P, 0, ()),
+            ("qkv gradient", G + y + held_in - 4 * P - lse + 6 * P, 0, ()),
+            ("attn.qkv backward", G + y + held_in - 4 * P - lse + 3 * P + U, G + y + 2 * U + stats, (3, 2)),
+            ("ln1 backward", G + y + stats + 3 * U, G + y + 2 * U, (1, 0)),
+        ):
+            if params:  # the module's parameters, gathered for its backward
+                live.add(layout.slots[w[params[0]]].bucket)
+            gathered = sum(size[b] for b in live)
+            # the node's weight and bias gradients (and, at stage 3 on a CPU host, its weight cast again)
+            grads = sum(_numel(layout.slots[w[k]].shape) for k in params) * (a + recast)
+            moments[f"block {i} {name}"] = base + ws + grads + buckets.bytes + gathered
+            for k in params:
+                dw = _numel(layout.slots[w[k]].shape) * a
+                moments[f"block {i} {name}, gradients handed over"] = base + after + dw + buckets.deliver(w[k]) + gathered
+            live -= {layout.slots[w[k]].bucket for k in params}  # released once its reduction started
+    # -- the embedding: the lookup's gradient beside the output layer's, then their sum ----------
+    buckets.deliver(1)  # wpe, from the position add's backward
+    base = fixed + persistent + ids + (kept if ckpt and md else 0)  # the root still gathered
+    moments["embedding backward"] = base + buckets.bytes + held + U + (U if m > 1 else 0) + emb
+    moments["tied embedding sum"] = base + 3 * emb + buckets.bytes
+    moments["tied embedding sum, gradients handed over"] = base + emb + buckets.deliver(0)
+    # -- the step: one piece's fp32 gradient at a time (16-bit gradients; fp32 are read in place) --
+    if g != FP32:
+        piece = max(b.padded if stage == 0 else b.chunk for b in layout.buckets)
+        moments["step"] = fixed - root + persistent + (kept if ckpt and md else 0) + FP32 * piece
+    moment = max(moments, key=moments.get)
+    gpu = not hw.ranks_share_compute
+    return {
+        **states,
+        "activations": acts,
+        "transient": moments[moment] - sum(states.values()) - acts,
+        "moment": moment,
+        "runtime": hw.runtime_bytes + (hw.checkpoint_runtime_bytes if ckpt else 0.0),
+        # from its second micro-batch on, stage 3 gathers buckets ahead of use along the order the
+        # first recorded (zero/gather.py), up to `prefetch_bytes`: a run's, not the one traced step's
+        "prefetch": min(parallel.prefetch_bytes, sum(size)) if gathers else 0.0,
+        # outside the caching allocator, on a GPU: the CUDA context and NCCL's communicators
+        "outside": (CUDA_CONTEXT_BYTES + communicators(dp, m) * nccl_allowance(hw)) if gpu else 0.0,
+    }
+
+
+def tensor_peak(peak: dict[str, float]) -> float:
+    """The tensors' peak (no runtime, no NCCL)."""
+    return peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"] + peak["activations"] + peak["transient"]
+
+
+def _persistent(layout, bucket, threshold) -> bool:
+    return threshold > 0 and all(layout.slots[j].numel <= threshold for j in bucket.slots)
+
+
 # NCCL's own device memory per communicator, outside the caching allocator: its FIFOs (NCCL_BUFFSIZE,
 # 4 MiB by default, per channel and peer for each protocol; up to 32 channels on NVLink) and, on an
 # NVSwitch node with NVLink SHARP, NVLS's buffers. An allowance, not a measurement: 544-688 MB per
@@ -55,72 +317,22 @@ NCCL_COMMUNICATOR_BYTES = 2**30
 CUDA_CONTEXT_BYTES = 400e6
 
 
+# GPUs whose NVSwitch runs NVLink SHARP, where NCCL adds NVLS's buffers to each communicator
+NVLS_GPUS = ("H100", "H200")
+# NCCL's buffers per communicator without NVLS: the largest of 544-688 MB measured on 4 NVLink A100s
+# (NVIDIA/nccl#964); an allowance for earlier GPUs too (a V100 node runs fewer channels).
+NCCL_COMMUNICATOR_BYTES_NO_NVLS = 688e6
+
+
+def nccl_allowance(hw: HardwareProfile) -> float:
+    """NCCL's own bytes per communicator on `hw`'s GPU (both allowances above, not measurements)."""
+    return NCCL_COMMUNICATOR_BYTES if any(g in hw.gpu for g in NVLS_GPUS) else NCCL_COMMUNICATOR_BYTES_NO_NVLS
+
+
 def outside_allocator_bytes(dp: int, mp: int) -> float:
     """What a GPU rank of a dp × mp layout holds outside the caching allocator: the CUDA context and
     NCCL's buffers per communicator (both assumptions, above)."""
     return CUDA_CONTEXT_BYTES + communicators(dp, mp) * NCCL_COMMUNICATOR_BYTES
-
-
-def compute_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
-    """Bytes per activation element: the compute dtype's. A CPU host computes in fp32 whatever the
-    storage (config.PrecisionConfig); a GPU in the storage dtype. The hardware decides, not the
-    precision's device field: a GPU profile modelled from a CPU command line is still a GPU."""
-    return FP32 if hw.ranks_share_compute else precision.bytes_pgk[0]
-
-
-def layer_saved_bytes(model: ModelConfig, micro_batch: int, mp: int, act: int = FP32) -> float:
-    """Bytes one block saves for backward on one MP rank, `act` bytes per element (the module docstring)."""
-    return micro_batch * model.seq * (4 * model.hidden + 13 * model.hidden / mp) * act
-
-
-def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
-                hw: HardwareProfile) -> dict[str, float]:  # fmt: skip
-    """Bytes per rank by category: param, grad, optimizer; activations (kept through backward),
-    loss (the logits' buffers beside them), recompute (one block rebuilt with its gradients),
-    embedding_grads and buckets (end of backward), step (one piece's fp32 gradient), runtime, nccl
-    (NCCL's communicators on a GPU, outside the allocator). `tensor_peak` combines the tensors."""
-    mp, t, h = parallel.mp, micro_batch * model.seq, model.hidden
-    act = compute_bytes(precision, hw)
-    states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
-    layer = layer_saved_bytes(model, micro_batch, mp, act)
-    vocab = -(-model.vocab // mp)
-    if parallel.checkpoint_activations:
-        inputs = 0.0 if parallel.offload_activations else model.layers * t * h * act
-        acts, recompute = inputs / (mp if parallel.partition_activations else 1), 2 * layer
-    else:
-        acts, recompute = model.layers * layer, 0.0
-    # compute dtype not the storage's: F.linear saves each weight's cast; stage 3 saves a reference
-    # instead and gathers and casts again in backward (zero/stage3.py, saved-tensor hooks)
-    if precision.bytes_pgk[0] != act and parallel.stage < 3:
-        acts += model.num_params / mp * act
-    # Stages 2-3 reduce as backward goes: a reduce bucket in flight (C_B, or all the gradients if
-    # fewer; stage 3 per module, the embedding last), and stage 3 holds the gathered embedding.
-    in_flight = {2: model.num_params / mp * act, 3: vocab * h * act}.get(parallel.stage, 0.0)
-    buckets = min(parallel.bucket_bytes, in_flight)
-    gathered = vocab * h * precision.bytes_pgk[0] if parallel.stage == 3 else 0.0
-    # From its second micro-batch on, stage 3 gathers the next buckets ahead of use along the
-    # recorded order (zero/gather.py): up to `prefetch_bytes`, at most the whole model. cpu-10m's
-    # RSS at stage 3 was 12 MiB lower with 1 MiB of prefetch than with the default 50 MiB.
-    whole_numel = model.num_params / mp
-    whole = whole_numel * precision.bytes_pgk[0]
-    prefetch = min(parallel.prefetch_bytes, whole) if parallel.stage == 3 else 0.0
-    # the step's one fp32 piece: at most a bucket or the largest parameter (never more than the
-    # model), 1/N_d of it where sharded; fp32 gradients are read in place (zero/optimizer.py `upcast`)
-    piece = min(max(parallel.bucket_bytes / precision.bytes_pgk[1], model.largest_param_numel / mp), whole_numel)
-    piece /= rule(parallel.stage).divisor("optimizer_bytes", parallel.dp)  # the rank's Adam share
-    piece *= precision.bytes_pgk[1] != FP32
-    return {
-        **states,
-        "activations": acts,
-        "loss": (3 if mp == 1 else 2) * t * vocab * FP32,
-        "recompute": recompute,
-        "embedding_grads": 3 * vocab * h * act,
-        "buckets": buckets + gathered,
-        "prefetch": prefetch,
-        "step": FP32 * piece,
-        "runtime": hw.runtime_bytes + (hw.checkpoint_runtime_bytes if parallel.checkpoint_activations else 0.0),
-        "nccl": 0.0 if hw.ranks_share_compute else communicators(parallel.dp, mp) * NCCL_COMMUNICATOR_BYTES,
-    }
 
 
 def communicators(dp: int, mp: int) -> int:
@@ -130,13 +342,3 @@ def communicators(dp: int, mp: int) -> int:
     if dp * mp == 1:
         return 0
     return 3 if dp > 1 and mp > 1 else 1
-
-
-def tensor_peak(peak: dict[str, float]) -> float:
-    """The tensors' peak: model states, plus the largest of what backward holds at its start (the
-    activations and the loss's buffers), in a recomputed block, at its end (the embedding's
-    gradients, buckets) and in the step (one fp32 piece). No runtime."""
-    states = peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"]
-    during = peak["activations"] + peak["prefetch"]  # forward's end to backward's, stage 3 gathering ahead
-    end = peak["embedding_grads"] + peak["buckets"]
-    return states + max(during + peak["loss"], during + peak["recompute"], end, peak["step"])

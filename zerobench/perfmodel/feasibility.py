@@ -43,7 +43,7 @@ from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
-from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
+from zerobench.perfmodel.engine_memory import CUDA_CONTEXT_BYTES, engine_peak
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
 from zerobench.stages import rule
@@ -65,6 +65,7 @@ class MemoryBreakdown:
     reduce_transient_bytes: float  # held while gradients are reduced, after backward freed activations
     usable_bytes: float  # device memory minus reserve and fragmentation
     build_bytes: float  # the peak while the engine is built, before training (memory.build_peak_bytes)
+    moment: str = "backward"  # where in the step the training peak is (engine_memory.py's moments)
 
     @property
     def model_state_bytes(self) -> float:
@@ -141,20 +142,8 @@ def breakdown(
     cal: Calibration,
     attention: str = "materialized",
 ) -> MemoryBreakdown:
-    if hw.measured or hw.ranks_share_compute:
-        # this engine on the machine calibrate measured (engine_memory.py): a CPU host, as its RSS
-        # grows, or a GPU, as its allocator hands out
-        peak = engine_peak(model, parallel, precision, micro_batch, hw)
-        parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
-        states = sum(parts.values())
-        usable = hw.memory_bytes if hw.ranks_share_compute else usable_bytes(hw, cal, parallel.contiguous_buffers)
-        usable -= peak["nccl"]  # NCCL's buffers: the card's, not the allocator's (engine_memory.communicators)
-        return MemoryBreakdown(
-            **parts, checkpoint_bytes=peak["activations"],
-            working_bytes=tensor_peak(peak) - states - peak["activations"],
-            buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=usable,
-            build_bytes=build_peak_bytes(parts, model.largest_param_numel) + peak["runtime"],
-        )  # fmt: skip
+    if not (cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads):
+        return engine_breakdown(model, parallel, precision, micro_batch, hw, cal)
     p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
@@ -203,6 +192,34 @@ def breakdown(
     )
 
 
+def engine_breakdown(model, parallel, precision, micro_batch: int, hw: HardwareProfile, cal: Calibration) -> MemoryBreakdown:
+    """This engine's own bytes (engine_memory.py, equal to `zerobench trace`'s), on any profile: a
+    CPU host as its RSS grows (the runtime calibrate measured added), a GPU as its allocator hands
+    out, against what the card leaves the allocator (`usable_bytes`, less NCCL's buffers and the
+    CUDA context: outside the allocator, named in engine_memory.py)."""
+    peak = engine_peak(model, parallel, precision, micro_batch, hw)
+    parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
+    usable = hw.memory_bytes - peak["outside"] - allocator_bytes(hw, cal, parallel.contiguous_buffers)
+    if hw.reserve_bytes is not None and not hw.ranks_share_compute:  # the driver's, measured on the card
+        usable -= max(0.0, hw.reserve_bytes - CUDA_CONTEXT_BYTES)
+    return MemoryBreakdown(
+        **parts, checkpoint_bytes=peak["activations"], working_bytes=peak["transient"] + peak["prefetch"],
+        buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=usable,
+        build_bytes=build_peak_bytes(parts, model.largest_param_numel) + peak["runtime"], moment=peak["moment"],
+    )  # fmt: skip
+
+
+def allocator_bytes(hw: HardwareProfile, cal: Calibration, contiguous_buffers: bool) -> float:
+    """What the caching allocator holds beyond the tensors at the peak: measured on the card where
+    the profile has it (`fragmentation_bytes`), else the fitted share of the card (choices.py), none
+    with M_D's contiguous buffers (paper §6.1) and none on a CPU host (no caching allocator)."""
+    if hw.fragmentation_bytes is not None:
+        return hw.fragmentation_bytes
+    if contiguous_buffers or hw.ranks_share_compute:
+        return 0.0
+    return cal.fragmentation * hw.memory_bytes
+
+
 def usable_bytes(hw: HardwareProfile, cal: Calibration, contiguous_buffers: bool = False) -> float:
     """Device memory a training run's tensors may take: the card less what is never usable (the
     profile's measured reserve, else the fitted CUDA context and allocator reserve) and less what the
@@ -210,13 +227,7 @@ def usable_bytes(hw: HardwareProfile, cal: Calibration, contiguous_buffers: bool
     the fitted share of the card, none with M_D's contiguous buffers, paper §6.1; none on a CPU host,
     which has no caching allocator)."""
     reserve = cal.reserve_bytes if hw.reserve_bytes is None else hw.reserve_bytes
-    if hw.fragmentation_bytes is not None:
-        lost = hw.fragmentation_bytes
-    elif contiguous_buffers or hw.ranks_share_compute:
-        lost = 0.0
-    else:
-        lost = cal.fragmentation * hw.memory_bytes
-    return hw.memory_bytes - reserve - lost
+    return hw.memory_bytes - reserve - allocator_bytes(hw, cal, contiguous_buffers)
 
 
 def _largest(fits, limit: int) -> int:
