@@ -268,7 +268,8 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
             moments[f"block {i} {name}"] = base + ws + grads + buckets.bytes + gathered
             for k in params:
                 dw = _numel(layout.slots[w[k]].shape) * a
-                moments[f"block {i} {name}, gradients handed over"] = base + after + dw + buckets.deliver(w[k]) + gathered
+                handed = base + after + dw + buckets.deliver(w[k]) + gathered
+                moments[f"block {i} {name}, gradients handed over"] = handed
             live -= {layout.slots[w[k]].bucket for k in params}  # released once its reduction started
     # -- the embedding: the lookup's gradient beside the output layer's, then their sum ----------
     buckets.deliver(1)  # wpe, from the position add's backward

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
-from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
 from zerobench.perfmodel.engine_memory import CUDA_CONTEXT_BYTES, engine_peak
+from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
 from zerobench.stages import rule
@@ -192,7 +192,8 @@ def breakdown(
     )
 
 
-def engine_breakdown(model, parallel, precision, micro_batch: int, hw: HardwareProfile, cal: Calibration) -> MemoryBreakdown:
+def engine_breakdown(model, parallel, precision, micro_batch: int, hw: HardwareProfile,
+                     cal: Calibration) -> MemoryBreakdown:  # fmt: skip
     """This engine's own bytes (engine_memory.py, equal to `zerobench trace`'s), on any profile: a
     CPU host as its RSS grows (the runtime calibrate measured added), a GPU as its allocator hands
     out, against what the card leaves the allocator (`usable_bytes`, less NCCL's buffers and the
