@@ -15,17 +15,17 @@ import sys
 from zerobench import slow_spells
 from zerobench.cli_args import field_args, trial_args
 from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError, preset
-from zerobench.engine.runtime import allocator
-from zerobench.engine.runtime.procs import process_tree
-from zerobench.engine.trial import TrialSpec, configs, mib, new_record
 from zerobench.perfmodel import estimate_text, profile_file
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.answer import heading, shown, table, write_csv
 from zerobench.plan.rank import rank
 from zerobench.plan.request import PlanRequest
 from zerobench.results import read_record, write_record
+from zerobench.runtime import allocator
+from zerobench.runtime.procs import process_tree
 from zerobench.sweeps.groups import modelled_record, sweep_args
 from zerobench.sweeps.search import listed_flags, run_under_policy
+from zerobench.trial import TrialSpec, configs, mib, new_record
 
 
 def _trial_spec(args) -> TrialSpec:
@@ -55,7 +55,7 @@ def cmd_run(args) -> int:
 def _run_once(args, spec: TrialSpec, listed: TrialSpec) -> dict:
     if args.time_limit:
         return _run_with_time_limit(args, spec, listed)
-    from zerobench.engine.runtime.launch import run_trial  # imports torch: not for a time-limited parent
+    from zerobench.runtime.launch import run_trial  # imports torch: not for a time-limited parent
 
     return run_trial(spec)
 
@@ -121,7 +121,7 @@ def cmd_claims(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from zerobench.engine.runtime.trace import trace_record  # imports torch
+    from zerobench.runtime.trace import trace_record  # imports torch
 
     model, parallel, precision, train = configs(vars(args))
     record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out), args.states_only)

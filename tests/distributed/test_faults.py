@@ -18,9 +18,9 @@ from tests.worlds import threaded
 from zerobench.engine.config import ConfigError, PrecisionConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime import faults
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime import faults
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.train import build_engine, train_steps
 
 
 def _processes_mentioning(text: str) -> list[str]:

@@ -14,11 +14,11 @@ from zerobench.clock import EventMarks, device_clock
 from zerobench.engine.config import PrecisionConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms, Ledger
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.engine.runtime.launch import run_trial
-from zerobench.engine.runtime.trace import trace_record
-from zerobench.engine.runtime.train import build_engine, train_steps
-from zerobench.engine.trial import TrialSpec
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.launch import run_trial
+from zerobench.runtime.trace import trace_record
+from zerobench.runtime.train import build_engine, train_steps
+from zerobench.trial import TrialSpec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -63,7 +63,7 @@ def test_bf16_compute_tracks_fp32():
 
 
 def test_measured_record_has_cuda_statistics_and_the_trace_bounds_its_peak(tmp_path):
-    """The peak allocated is at most the trace of the same trial (engine/runtime/trace.py: model
+    """The peak allocated is at most the trace of the same trial (runtime/trace.py: model
     states, the buckets in flight, activations and the step's temporaries, counted exactly) plus
     the allocator's slack (checks/node_check.py); and the trace is no loose bound: half the peak."""
     spec = spec_for("cpu-100m", "bf16", device="cuda", stage=2, steps=3, micro_batch=4)

@@ -14,12 +14,12 @@ import pytest
 from zerobench.artifacts import choice_readings, claims, registry
 from zerobench.artifacts.claim_readers import cell
 from zerobench.artifacts.tables import record_paths
-from zerobench.engine.fields import IMPLEMENTATIONS
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
 from zerobench.perfmodel.implementation import PROFILES
 from zerobench.results import read_record
 from zerobench.sweeps import sheets
+from zerobench.trial.fields import IMPLEMENTATIONS
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 RUNS = RESULTS / "runs"

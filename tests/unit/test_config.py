@@ -80,10 +80,10 @@ def test_cli_rejects_bad_input_with_exit_2(argv, field, capsys):
 
 
 def test_every_field_that_sets_an_attribute_reaches_it():
-    """A trial field is one row (engine/fields.py): its `sets` reaches the config without a line of
+    """A trial field is one row (trial/fields.py): its `sets` reaches the config without a line of
     its own in trial.configs, its `column` is a record column."""
-    from zerobench.engine.fields import FIELDS, MiB
-    from zerobench.engine.trial import COLUMNS, configs
+    from zerobench.trial import COLUMNS, configs
+    from zerobench.trial.fields import FIELDS, MiB
 
     built = dict(zip(("parallel", "train"), configs({"model": "tiny", "dp": 2})[1::2]))
     for name, f in FIELDS.items():

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.engine.runtime.trace import trace_step
-from zerobench.engine.trial import TrialSpec
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES
+from zerobench.runtime.trace import trace_step
+from zerobench.trial import TrialSpec
 
 # wide enough that the loss's logits and the tied embedding count, as in the cpu-10m trials
 MODEL = ModelConfig(layers=3, hidden=128, heads=4, seq=64, vocab=4096, name="mem-check")

@@ -8,10 +8,10 @@ import torch
 
 from tests.engine_cases import spec_for
 from zerobench.engine.config import ConfigError
-from zerobench.engine.runtime import launch
-from zerobench.engine.runtime.emulate import _cap, eager_unless_asked
 from zerobench.gpus import profile_of
 from zerobench.perfmodel.engine_memory import outside_allocator_bytes
+from zerobench.runtime import launch
+from zerobench.runtime.emulate import _cap, eager_unless_asked
 
 
 @pytest.mark.parametrize(

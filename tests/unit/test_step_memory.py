@@ -12,11 +12,11 @@ from tests.worlds import threaded
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, preset
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches, token_source
-from zerobench.engine.runtime.trace import trace_record, traced_engine
-from zerobench.engine.runtime.train import build_engine
-from zerobench.engine.trial import TrialSpec
 from zerobench.engine.zero.optimizer import clip_, global_grad_norm
+from zerobench.runtime.batches import SyntheticTokens, micro_batches, token_source
+from zerobench.runtime.trace import trace_record, traced_engine
+from zerobench.runtime.train import build_engine
+from zerobench.trial import TrialSpec
 
 ROW = 4096  # elements per row of the norm's fp32 partial sums (zero/optimizer.py)
 

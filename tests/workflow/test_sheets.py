@@ -100,8 +100,8 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
     """The CLI's loop around the trial runner: each attempt a run; here a stand-in runner whose
     budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
-    from zerobench.engine.trial import new_record
     from zerobench.results import read_record
+    from zerobench.trial import new_record
 
     ran = []
 
@@ -218,7 +218,7 @@ def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
 
 
 def test_the_sheet_schema_is_the_field_table():
-    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/engine/fields.py
+    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/trial/fields.py
     (`python -m zerobench.sweeps.sheets` rewrites them after a field is added)."""
     with open(sheets.SCHEMA) as f:
         schema = yaml.safe_load(f)
@@ -235,10 +235,10 @@ def test_the_sheet_schema_is_the_field_table():
 
 
 def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
-    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/engine/fields.py: from it
+    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/trial/fields.py: from it
     the `run` flag, the sheet field, the trial-id tag and the value in the configs."""
-    from zerobench.engine.fields import FIELDS
-    from zerobench.engine.trial import configs
+    from zerobench.trial import configs
+    from zerobench.trial.fields import FIELDS
 
     assert FIELDS["weight_decay"].default == 0.0  # TrainConfig's own default
     args = cli.parser().parse_args(["run", "--weight-decay", "0.1"])

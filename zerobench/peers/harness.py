@@ -29,11 +29,11 @@ import torch.distributed as dist
 
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.spawn import spawned
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.engine.runtime.devices import StepTimer, hardware_profile, peak_memory
-from zerobench.engine.trial import TrialSpec
 from zerobench.engine.zero.activations import apply_activation_checkpointing
 from zerobench.gpus import mfu
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
+from zerobench.trial import TrialSpec
 
 # torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)
 TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3: "fsdp2-reshard"}

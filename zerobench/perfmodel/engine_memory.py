@@ -3,7 +3,7 @@ in the bytes a rank's RSS grows by, on a GPU in the bytes its caching allocator 
 zerobench/engine/model.py and zero/ keep at their peak, plus on a CPU the runtime's own that
 calibrate measures. The paper's codes on datasheet profiles are feasibility.py's.
 
-Read from the code, in the categories `zerobench trace` counts (engine/runtime/trace.py: param,
+Read from the code, in the categories `zerobench trace` counts (runtime/trace.py: param,
 grad, optimizer; activation, what forward keeps; temporary, what backward and the step make and
 free), and checked against it in tests/unit/test_engine_memory.py. Activations are in the compute
 dtype (`compute_bytes`): fp32 on a CPU host whatever the storage, the storage dtype on a GPU:

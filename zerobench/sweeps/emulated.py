@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from zerobench.engine.fields import defaults
-from zerobench.engine.runtime.devices import hardware_profile
-from zerobench.engine.runtime.emulate import check, emulate
-from zerobench.engine.trial import TrialSpec, configs, mib
 from zerobench.perfmodel.engine_memory import outside_allocator_bytes
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.replay import cluster_of, complete
+from zerobench.runtime.devices import hardware_profile
+from zerobench.runtime.emulate import check, emulate
 from zerobench.sweeps.search import run_under_policy
+from zerobench.trial import TrialSpec, configs, mib
+from zerobench.trial.fields import defaults
 
 
 def emulated_record(values: Mapping, out: str | None = None) -> dict:

@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.fields import defaults
-from zerobench.engine.trial import COLUMNS, TrialSpec, configs, new_record
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.results import write_record
 from zerobench.sweeps import interleave, sheets
 from zerobench.sweeps.search import run_under_policy
+from zerobench.trial import COLUMNS, TrialSpec, configs, new_record
+from zerobench.trial.fields import defaults
 
 
 def modelled_record(values: Mapping, cal: Calibration = DEFAULT) -> dict:

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.trial import TrialSpec
+from zerobench.trial import TrialSpec
 
 SEARCHED = {"micro_batch_policy": "micro_batch", "layers_policy": "layers"}  # policy field -> the size it picks
 

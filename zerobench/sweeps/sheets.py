@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, takes
+from zerobench.trial.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, takes
 
 SHEET_DIR = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
 SCHEMA = SHEET_DIR.parents[1] / "schemas" / "sheet.schema.yaml"
@@ -108,7 +108,7 @@ def expand_group(group: dict, smoke: bool = False) -> list[dict]:
 
 def trial_id(trial: dict) -> str:
     """A readable, unique name: the source, then each set field as its tag + value, in the
-    fields' order (zerobench/engine/fields.py)."""
+    fields' order (zerobench/trial/fields.py)."""
     parts = []
     for name in SHEET_FIELDS:
         tag, value = FIELDS[name].tag, trial.get(name)
@@ -151,7 +151,7 @@ def write_schema(path: Path = SCHEMA) -> None:
     schema["$defs"]["fieldnames"]["enum"] = made["names"]
     with open(path, "w") as f:
         f.write(
-            "# $defs.fields and fieldnames: made from zerobench/engine/fields.py by python -m zerobench.sweeps.sheets\n"
+            "# $defs.fields and fieldnames: made from zerobench/trial/fields.py by python -m zerobench.sweeps.sheets\n"
         )
         yaml.safe_dump(schema, f, sort_keys=False, width=120, allow_unicode=True)
 

@@ -2,7 +2,7 @@
 command-line flags of `zerobench run|trace|model|estimate|peers` (zerobench/cli_args.py), the
 fields a sheet may set and their JSON schema (zerobench/sweeps/sheets.py,
 workflows/schemas/sheet.schema.yaml), the tags of a trial's id, and the record columns a trial's
-configuration fills (zerobench/engine/trial.py). Defaults are the config dataclasses' own
+configuration fills (zerobench/trial/record.py). Defaults are the config dataclasses' own
 (zerobench/engine/config.py), as a dataclass is the one definition of a job in torchtitan's config manager.
 
 Adding a trial field is adding a row here (appended: a row's place is its place in trial ids,
@@ -25,7 +25,7 @@ SOURCES = (
     "traced",
     "modelled",
     "emulated",
-)  # where a record's numbers come from (zerobench/engine/trial.py)
+)  # where a record's numbers come from (zerobench/trial/record.py)
 COMMAND = {
     "measured": "run",
     "traced": "trace",

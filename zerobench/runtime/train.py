@@ -1,5 +1,5 @@
 """The measured trial (`source: measured`): build the trained thing from the plain model, warm up,
-time steps, and make the record. The rank worker and the launcher are in zerobench/engine/runtime/launch.py.
+time steps, and make the record. The rank worker and the launcher are in zerobench/runtime/launch.py.
 
 The trained thing is composed, as torchtitan composes it: the plain GPT (zerobench/engine/model.py) is
 built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3), each
@@ -23,13 +23,13 @@ from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.parallel.megatron import apply_tensor_parallel
-from zerobench.engine.runtime import allocator, faults, probe, snapshot
-from zerobench.engine.runtime.batches import micro_batches, token_source
-from zerobench.engine.runtime.devices import StepTimer, hardware_profile, peak_memory
-from zerobench.engine.trial import TrialSpec
 from zerobench.engine.zero import apply_zero
 from zerobench.engine.zero.activations import apply_activation_checkpointing, checkpoint_store
 from zerobench.gpus import mfu
+from zerobench.runtime import allocator, faults, probe, snapshot
+from zerobench.runtime.batches import micro_batches, token_source
+from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
+from zerobench.trial import TrialSpec
 
 
 def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device) -> GPT:

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from zerobench import memory
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.batches import micro_batches, token_source
-from zerobench.engine.runtime.counter import HOST, StorageCounter
-from zerobench.engine.runtime.train import build_engine
-from zerobench.engine.trial import TrialSpec, short_error
 from zerobench.engine.zero.activations import checkpoint_store
+from zerobench.runtime.batches import micro_batches, token_source
+from zerobench.runtime.counter import HOST, StorageCounter
+from zerobench.runtime.train import build_engine
+from zerobench.trial import TrialSpec, short_error
 
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category
 
