@@ -2,20 +2,27 @@
 command-line flags of `zerobench run|trace|model|estimate|peers` (zerobench/cli_args.py), the
 fields a sheet may set and their JSON schema (zerobench/sweeps/sheets.py,
 workflows/schemas/sheet.schema.yaml), the tags of a trial's id, and the record columns a trial's
-configuration fills (zerobench/trial/record.py). Defaults are the config dataclasses' own
-(zerobench/engine/config.py), as a dataclass is the one definition of a job in torchtitan's config manager.
+configuration fills (zerobench/trial/record.py).
+
+A field that is a configuration attribute is made from the config dataclass's own field
+(`of(attributes(TrainConfig).micro_batch, ...)`, zerobench/engine/config.py): the attribute is the
+flag, as in torchtitan's config manager, so its name, type, default and help (the field's
+`metadata`) are written once, on the dataclass, and a renamed attribute fails here, at import. Such
+a field either sets the attribute (`trial.configs` reads every one without a line of its own) or, where
+`configs` has a rule of its own (the preset's shape, dp from gpus, the stage from a C1-C5), only names
+the attribute its record column reads.
 
 Adding a trial field is adding a row here (appended: a row's place is its place in trial ids,
-whose order the committed records keep). A field that is one configuration attribute names it in
-`sets` and is read by `trial.configs` from there; a field with a record `column` is a column of
-`trial.TrialRecord` without further ado. No torch import.
+whose order the committed records keep). No torch import.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from types import SimpleNamespace
 
-from zerobench.engine.config import COMPILE, ZERO_CONFIGS, ParallelConfig, TrainConfig
+from zerobench.engine.config import COMPILE, ZERO_CONFIGS, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.memory import BYTES_PER_PARAM
 from zerobench.stages import STAGES
 
@@ -43,14 +50,34 @@ TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}  # JSO
 
 
 @dataclass(frozen=True)
+class Attribute:
+    """One attribute of a config dataclass: the class and its `dataclasses.Field`."""
+
+    config: type
+    field: dataclasses.Field
+
+    @property
+    def name(self) -> str:
+        return self.field.name
+
+    def of(self, *configs) -> object:
+        """This attribute's value in whichever of `configs` is an instance of its class."""
+        return getattr(next(c for c in configs if type(c) is self.config), self.name)
+
+
+def attributes(config: type) -> SimpleNamespace:
+    """`config`'s attributes, each by its own name: `attributes(TrainConfig).micro_batch`."""
+    return SimpleNamespace(**{f.name: Attribute(config, f) for f in dataclasses.fields(config)})
+
+
+@dataclass(frozen=True)
 class Field:
     """One trial field. `kind` is int, float, str or bool (a switch, off by default); `tag` its
     prefix in a trial id ("" for the bare value, None for none); `flag` False for a sheet-only
     field; `commands` those that take its flag; `schema` further JSON-schema constraints on a
-    sheet's value; `column` (record column, the configuration attribute that fills it); `sets`
-    the configuration attribute ("train.lr", "parallel.bucket_bytes") the value is, as given or,
-    with `unit`, times it (MiB flags into bytes): `trial.configs` reads every such field without a
-    line of its own."""
+    sheet's value; `attribute` the configuration attribute the field is (made by `of`); `sets`
+    whether the value is that attribute's, as given or, with `unit`, times it (MiB flags into
+    bytes); `column` the record column it fills, read from the attribute."""
 
     name: str
     kind: type
@@ -62,8 +89,9 @@ class Field:
     commands: tuple[str, ...] = TRIAL_COMMANDS
     choices: tuple | None = None
     schema: dict | None = None
-    column: tuple[str, str] | None = None
-    sets: str | None = None
+    attribute: Attribute | None = None
+    sets: bool = False
+    column: str | None = None
     unit: int | None = None
 
     def __post_init__(self):
@@ -80,50 +108,91 @@ class Field:
         return {**out, **(self.schema or {}), "description": self.help}
 
 
-_P, _T = ParallelConfig, TrainConfig
+_GROUPS = {ModelConfig: "model", ParallelConfig: "parallel", PrecisionConfig: "train", TrainConfig: "train"}
+_KINDS = {"int": int, "float": float, "str": str, "bool": bool}  # a dataclass field's type, as annotated
+_UNSET = object()
+
+
+def of(
+    attribute: Attribute,
+    tag: str | None,
+    *,
+    sets: bool = True,
+    column: bool = False,
+    mib: bool = False,
+    name: str | None = None,
+    help: str | None = None,
+    default: object = _UNSET,
+    **more,
+) -> Field:
+    """The field that is `attribute`: named as the attribute (`<name>_mb` with `mib`: the flag in
+    MiB, the attribute in bytes), typed, defaulted (in MiB with `mib`) and helped as the dataclass
+    says, in its config's group; `sets` False for an attribute `trial.configs` sets by a rule of its
+    own, `column` True for one a record column reads. `name`, `help` and `default` are for a flag
+    that says more than its attribute (a preset's override, a default of its own)."""
+    f = attribute.field
+    unit = MiB if mib else None
+    if default is _UNSET:
+        default = f.default / MiB if mib else f.default
+    return Field(
+        name or (f.name.removesuffix("_bytes") + "_mb" if mib else f.name),
+        float if mib else _KINDS[f.type],
+        help or f.metadata["help"] + (" (MiB)" if mib else ""),
+        more.pop("group", _GROUPS[attribute.config]),
+        default,
+        tag,
+        attribute=attribute,
+        sets=sets,
+        column=(f.name if mib else name or f.name) if column else None,
+        unit=unit,
+        **more,
+    )
+
+
+_M, _P, _R, _T = (attributes(c) for c in (ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig))
 _POSITIVE = {"minimum": 1}
 _NAME = {"pattern": "^[a-z0-9.-]+$"}
 _POLICY = "largest_fits: the largest {} that fits, up to the listed one (bisection on OOM)"
 
+
+def _shape(attribute: Attribute, tag: str) -> Field:
+    """A preset's shape attribute, overridden by its flag (`trial.configs` applies the overrides)."""
+    return of(
+        attribute,
+        tag,
+        sets=False,
+        column=True,
+        help=f"override the preset's {attribute.name}",
+        default=None,
+        schema=_POSITIVE,
+    )
+
+
 # In trial-id order (see above). Groups: the flags' sections in `--help`.
 FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("model", str, "preset name (see `zerobench presets`)", "model", "tiny", "", schema=_NAME,
-          column=("model", "model.name")),
-    Field("layers", int, "override the preset's layers", "model", tag="L", schema=_POSITIVE,
-          column=("layers", "model.layers")),
-    Field("hidden", int, "override the preset's hidden", "model", tag="h", schema=_POSITIVE,
-          column=("hidden", "model.hidden")),
-    Field("heads", int, "override the preset's heads", "model", tag="a", schema=_POSITIVE,
-          column=("heads", "model.heads")),
-    Field("seq", int, "override the preset's seq", "model", tag="s", schema=_POSITIVE, column=("seq", "model.seq")),
-    Field("vocab", int, "override the preset's vocab", "model", tag="v", schema=_POSITIVE,
-          column=("vocab", "model.vocab")),
+    of(_M.name, "", sets=False, column=True, name="model", help="preset name (see `zerobench presets`)",
+       default="tiny", schema=_NAME),
+    _shape(_M.layers, "L"),
+    _shape(_M.hidden, "h"),
+    _shape(_M.heads, "a"),
+    _shape(_M.seq, "s"),
+    _shape(_M.vocab, "v"),
     Field("gpus", int, "world size: dp = gpus / mp (not a multiple: infeasible)", "parallel", tag="g",
           commands=("run", "trace", "emulate", *PREDICTS), schema=_POSITIVE),
-    Field("dp", int, "data-parallel degree N_d (default 1, or gpus/mp)", "parallel", tag="dp", schema=_POSITIVE,
-          column=("dp", "parallel.dp")),
-    Field("mp", int, "tensor model-parallel degree N_m", "parallel", _P.mp, "mp", schema=_POSITIVE,
-          column=("mp", "parallel.mp"), sets="parallel.mp"),
-    Field("stage", int, "ZeRO-DP stage 0-3 (0 = plain DP)", "parallel", tag="z", schema={"enum": list(STAGES)},
-          column=("stage", "parallel.stage")),
-    Field("precision", str, "fp32, bf16 or fp16 (16-bit = 2+2+12 bytes/param); default fp16, or fp32 for steps "
-          "computed on a cpu", "train", tag="", schema={"enum": list(BYTES_PER_PARAM)},
-          column=("precision", "precision.mode")),
-    Field("micro_batch", int, "sequences per DP rank per micro-step", "train", _T.micro_batch, "b", schema=_POSITIVE,
-          column=("micro_batch", "train.micro_batch"), sets="train.micro_batch"),
-    Field("grad_accum", int, "micro-batches per step", "train", _T.grad_accum, "ga", schema=_POSITIVE,
-          column=("grad_accum", "train.grad_accum"), sets="train.grad_accum"),
-    Field("checkpoint_activations", bool, "one checkpoint per block", "parallel", tag="ckpt",
-          column=("checkpoint_activations", "parallel.checkpoint_activations")),
-    Field("bucket_mb", float, "C_B: fused buffer size in MiB", "parallel", _P.bucket_bytes / MiB, "cb",
-          schema={"exclusiveMinimum": 0}, column=("bucket_bytes", "parallel.bucket_bytes"),
-          sets="parallel.bucket_bytes", unit=MiB),
-    Field("steps", int, "timed steps", "train", _T.steps, "n", schema=_POSITIVE, column=("steps", "train.steps"),
-          sets="train.steps"),
-    Field("warmup", int, "untimed steps before timing", "train", _T.warmup, "w", schema={"minimum": 0},
-          sets="train.warmup"),
-    Field("seed", int, "seed of the weights and the synthetic batches", "train", _T.seed, "seed",
-          schema={"minimum": 0}, sets="train.seed"),
+    of(_P.dp, "dp", sets=False, column=True, help="data-parallel degree N_d (default 1, or gpus/mp)", default=None,
+       schema=_POSITIVE),
+    of(_P.mp, "mp", column=True, schema=_POSITIVE),
+    of(_P.stage, "z", sets=False, column=True, default=None, schema={"enum": list(STAGES)}),
+    of(_R.mode, "", sets=False, column=True, name="precision", help="fp32, bf16 or fp16 (16-bit = 2+2+12 "
+       "bytes/param); default fp16, or fp32 for steps computed on a cpu", default=None,
+       schema={"enum": list(BYTES_PER_PARAM)}),
+    of(_T.micro_batch, "b", column=True, schema=_POSITIVE),
+    of(_T.grad_accum, "ga", column=True, schema=_POSITIVE),
+    of(_P.checkpoint_activations, "ckpt", sets=False, column=True),
+    of(_P.bucket_bytes, "cb", mib=True, column=True, schema={"exclusiveMinimum": 0}),
+    of(_T.steps, "n", column=True, schema=_POSITIVE),
+    of(_T.warmup, "w", schema={"minimum": 0}),
+    of(_T.seed, "seed", schema={"minimum": 0}),
     Field("data", str, "synthetic, or a text file / shipped corpus (byte tokens)", "run", "synthetic", "",
           commands=("run", "emulate"), schema={"pattern": "^[A-Za-z0-9_.-]+$"}),
     Field("mem_cap_mb", float, "per-rank budget (MiB); exceeding it is status oom (emulate on cuda: the "
@@ -133,12 +202,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
           schema={"pattern": "^[a-z0-9-]+$"}),
     Field("zero_config", str, "the paper's C1-C5 (Table 3; sets stage and ZeRO-R)", "parallel", tag="",
           choices=tuple(sorted(ZERO_CONFIGS))),
-    Field("partition_activations", bool, "P_a: split checkpoints over MP", "parallel", tag="pa",
-          column=("partition_activations", "parallel.partition_activations")),
-    Field("offload_activations", bool, "P_a+cpu: checkpoints to host", "parallel", tag="pacpu",
-          column=("offload_activations", "parallel.offload_activations")),
-    Field("contiguous_buffers", bool, "M_D: preallocated contiguous buffers", "parallel", tag="md",
-          column=("contiguous_buffers", "parallel.contiguous_buffers")),
+    of(_P.partition_activations, "pa", sets=False, column=True),
+    of(_P.offload_activations, "pacpu", sets=False, column=True),
+    of(_P.contiguous_buffers, "md", sets=False, column=True),
     Field("micro_batch_policy", str, _POLICY.format("micro_batch"), "search", "listed", "bpol-", commands=SEARCHES,
           choices=POLICIES),
     Field("layers_policy", str, _POLICY.format("layers"), "search", "listed", "Lpol-", commands=SEARCHES,
@@ -155,31 +221,21 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("label", str, "the point's name in the artifact's table (e.g. \"Fig 2 ZeRO 8B\")", "sheet", flag=False),
     Field("repeat", int, "the same measured trial run again (1, 2, ...): its own record, for a table that takes "
           "the median over the runs", "sheet", tag="rep", flag=False, schema=_POSITIVE),
-    Field("prefetch_mb", float, "stage 3: gathered bytes in flight (MiB)", "parallel", _P.prefetch_bytes / MiB,
-          "pf", schema={"exclusiveMinimum": 0}, sets="parallel.prefetch_bytes", unit=MiB),
-    Field("max_live_mb", float, "stage 3: gathered bytes alive at once (MiB)", "parallel", _P.max_live_bytes / MiB,
-          "live", schema={"exclusiveMinimum": 0}, sets="parallel.max_live_bytes", unit=MiB),
-    Field("persistence_threshold", int, "stage 3: keep tensors this small whole (elements)", "parallel",
-          _P.persistence_threshold, "pt", schema={"minimum": 0}, sets="parallel.persistence_threshold"),
-    Field("reuse_mb", float, "stage 3: keep a bucket gathered when its next use is less than this many MiB of "
-          "gathers ahead (0: release all, the paper's 3Ψ)", "parallel", _P.reuse_bytes / MiB, "reuse",
-          schema={"minimum": 0}, sets="parallel.reuse_bytes", unit=MiB),
-    Field("lr", float, "Adam's learning rate", "train", _T.lr, "lr", schema={"exclusiveMinimum": 0}, sets="train.lr"),
-    Field("clip_norm", float, "global gradient-norm clip; 0 disables it", "train", _T.clip_norm, "clip",
-          schema={"minimum": 0}, sets="train.clip_norm"),
-    Field("device", str, "cpu (gloo) or cuda (NCCL); default cpu, and cuda's semantics for a trace (it computes "
-          "nothing, so it traces the GPUs the paper ran on); the workflow's config sets it for every measured or "
-          "emulated trial unless the sheet's trial sets its own", "train", None, "",
-          column=("device", "precision.device")),
+    of(_P.prefetch_bytes, "pf", mib=True, schema={"exclusiveMinimum": 0}),
+    of(_P.max_live_bytes, "live", mib=True, schema={"exclusiveMinimum": 0}),
+    of(_P.persistence_threshold, "pt", schema={"minimum": 0}),
+    of(_P.reuse_bytes, "reuse", mib=True, schema={"minimum": 0}),
+    of(_T.lr, "lr", schema={"exclusiveMinimum": 0}),
+    of(_T.clip_norm, "clip", schema={"minimum": 0}),
+    of(_R.device, "", sets=False, column=True, help="cpu (gloo) or cuda (NCCL); default cpu, and cuda's semantics "
+       "for a trace (it computes nothing, so it traces the GPUs the paper ran on); the workflow's config sets it "
+       "for every measured or emulated trial unless the sheet's trial sets its own", default=None),
     Field("gpus_per_node", int, "override the profile's node size", "hardware", tag="gpn", commands=PREDICTS,
           schema=_POSITIVE),
-    Field("weight_decay", float, "AdamW's decoupled weight decay", "train", _T.weight_decay, "wd",
-          schema={"minimum": 0}, sets="train.weight_decay"),
+    of(_T.weight_decay, "wd", schema={"minimum": 0}),
     Field("timeout", float, "seconds a collective (or a step) may wait", "run", 1800.0, "to",
           commands=("run", "peers"), schema={"exclusiveMinimum": 0}),
-    Field("compile", str, "torch.compile each block's compute (zerobench/engine/compile.py); auto: on for cuda, off "
-          "for cpu", "run", _T.compile, "compile-", commands=("run", "emulate"), choices=COMPILE,
-          column=("compile", "train.compile"), sets="train.compile"),
+    of(_T.compile, "compile-", column=True, group="run", commands=("run", "emulate"), choices=COMPILE),
     Field("rank", int, "the rank of the dp × mp world this process runs", "emulate", 0, "rk", commands=("emulate",),
           schema={"minimum": 0}),
     Field("cluster", str, "the hardware profile whose network prices the collectives (default: the device's own: "

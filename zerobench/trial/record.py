@@ -102,7 +102,7 @@ TrialRecord = dataclasses.make_dataclass(
         ("source", str),
         ("status", str, field(default="ok")),
         ("error", str | None, field(default=None)),
-        *[(f.column[0], object, field(default=None)) for f in FIELDS.values() if f.column],
+        *[(f.column, object, field(default=None)) for f in FIELDS.values() if f.column],
         *[(name, kind | None, field(default=None)) for name, kind in _MEASURED],
         ("versions", dict, field(default_factory=versions)),  # provenance
         ("git_rev", str | None, field(default_factory=git_revision)),
@@ -124,26 +124,22 @@ def new_record(source: str, **fields) -> dict:
     return TrialRecord(source=source, **{**fields, "extra": fields.get("extra") or {}}).as_dict()
 
 
-def _columns(prefix: str, **configs) -> dict:
-    """The record columns of the trial fields (zerobench/trial/fields.py) read from `configs` by name,
-    those whose attribute starts with `prefix`."""
-    out = {}
-    for f in FIELDS.values():
-        if f.column and f.column[1].startswith(prefix):
-            config, attribute = f.column[1].split(".")
-            out[f.column[0]] = getattr(configs[config], attribute)
-    return out
+def _columns(*configs) -> dict:
+    """The record columns of the trial fields (zerobench/trial/fields.py) whose attribute belongs to
+    one of `configs`, each read from it."""
+    kinds = {type(c) for c in configs}
+    return {f.column: f.attribute.of(*configs) for f in FIELDS.values() if f.column and f.attribute.config in kinds}
 
 
 def model_columns(model: ModelConfig) -> dict:
-    return {**_columns("model.", model=model), "num_params": model.num_params}
+    return {**_columns(model), "num_params": model.num_params}
 
 
 def trial_columns(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, train: TrainConfig) -> dict:
     """The columns a configuration fills, for every source (a modelled record passes `device`
     and `hardware` itself): the trial fields' own, and what follows from them."""
     return {
-        **_columns("", model=model, parallel=parallel, precision=precision, train=train),
+        **_columns(model, parallel, precision, train),
         "num_params": model.num_params,
         "world_size": parallel.world_size,
         "global_batch": global_batch(parallel, train),

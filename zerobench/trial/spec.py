@@ -119,14 +119,13 @@ def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConf
         zero[name] = zero.get(name, False) or getattr(args, name)
     if zero["partition_activations"]:
         zero["checkpoint_activations"] = True  # P_a partitions the checkpoints, so it implies them
-    sets = {f.sets: _value(f, getattr(args, name)) for name, f in FIELDS.items() if f.sets}
-    parallel = ParallelConfig(dp=1 if dp is None else dp, **zero, **_attributes(sets, "parallel"))
+    parallel = ParallelConfig(dp=1 if dp is None else dp, **zero, **_attributes(args, ParallelConfig))
     parallel.check_model(model)
     computes = args.command in COMPUTING_COMMANDS
     device = args.device or default_device(args.command)
     mode = args.precision or default_precision(device, computes)
     precision = PrecisionConfig(mode=mode, device=device)
-    train = TrainConfig(**_attributes(sets, "train"))
+    train = TrainConfig(**_attributes(args, TrainConfig))
     return model, parallel, precision, train
 
 
@@ -138,9 +137,13 @@ def _value(f, value):
     return 0 if value == 0 and (f.schema or {}).get("minimum") == 0 else mib(value, f.name)
 
 
-def _attributes(sets: dict, config: str) -> dict:
-    """The values of the fields that set `config`'s attributes ("parallel.mp" -> mp)."""
-    return {path.partition(".")[2]: value for path, value in sets.items() if path.startswith(config + ".")}
+def _attributes(args: SimpleNamespace, config: type) -> dict:
+    """The attributes of `config` the trial fields set (zerobench/trial/fields.py), from their values."""
+    return {
+        f.attribute.name: _value(f, getattr(args, name))
+        for name, f in FIELDS.items()
+        if f.sets and f.attribute.config is config
+    }
 
 
 def mib(value: float, field: str) -> int:
