@@ -5,90 +5,28 @@ figures/ from records). See design.md for the interface."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 
 from zerobench import slow_spells
 from zerobench.cli_args import field_args, trial_args
 from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError, preset
-from zerobench.perfmodel import estimate_text, profile_file
+from zerobench.perfmodel import estimate_text
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.answer import heading, shown, table, write_csv
 from zerobench.plan.rank import rank
 from zerobench.plan.request import PlanRequest
-from zerobench.results import read_record, write_record
+from zerobench.results import write_record
 from zerobench.runtime import allocator
-from zerobench.runtime.procs import process_tree
-from zerobench.sweeps.groups import modelled_record, sweep_args
-from zerobench.sweeps.search import listed_flags, run_under_policy
-from zerobench.trial import TrialSpec, configs, mib, new_record
-
-
-def _trial_spec(args) -> TrialSpec:
-    model, parallel, precision, train = configs(vars(args))
-    cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
-    return TrialSpec(
-        model, parallel, precision, train, args.out, args.timeout, data=args.data, mem_cap_bytes=cap,
-        resume=args.resume, save=args.save,
-    )  # fmt: skip
+from zerobench.sources import infeasible, measured, modelled, traced
+from zerobench.sweeps.groups import sweep_args
+from zerobench.trial import configs
 
 
 def cmd_run(args) -> int:
-    listed = _trial_spec(args)
-
-    def run(spec: TrialSpec) -> dict:
-        return _run_once(args, spec, listed)
-
-    if args.probe_reference:
-        run = slow_spells.rerun_if_slow(run, profile_file.load(args.probe_reference).host_probe)
-    record = run_under_policy(listed, vars(args), run)
-    if args.out and ("policy" in record or "slow_spell_rerun" in record):  # with the search's trail, or the rerun's
-        write_record(record, args.out)
+    record = measured.record(vars(args), args.argv)
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
-
-
-def _run_once(args, spec: TrialSpec, listed: TrialSpec) -> dict:
-    if args.time_limit:
-        return _run_with_time_limit(args, spec, listed)
-    from zerobench.runtime.launch import run_trial  # imports torch: not for a time-limited parent
-
-    return run_trial(spec)
-
-
-def _run_with_time_limit(args, spec: TrialSpec, listed: TrialSpec) -> dict:
-    """This same command at `spec`'s sizes in a child process; past `args.time_limit` seconds it is
-    killed with the launcher and every rank, and the record says `timeout`."""
-    limit = args.time_limit
-    if not args.out:
-        raise ConfigError("time_limit: needs --out (the record is written there)")
-    # this attempt's sizes, no search and no rerun of its own
-    argv = [*args.argv, *listed_flags(spec, listed), "--time-limit", "0", "--probe-reference", ""]
-    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *argv])
-    try:
-        child.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        for pid in process_tree(child.pid):  # the launcher starts each rank in a session of its own
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        child.wait()
-        error = f"over the time limit of {limit:g} s"
-        write_record(spec.record("measured", status="timeout", error=error), args.out)
-    if not os.path.exists(args.out):
-        error = f"exit code {child.returncode}"
-        write_record(spec.record("measured", status="error", error=error), args.out)
-    return read_record(args.out)
-
-
-def _write_infeasible(args, exc: ConfigError) -> None:
-    """A layout that cannot run is a result row (status infeasible), not a crash."""
-    source = {"run": "measured", "trace": "traced", "model": "modelled"}[args.command]
-    fields = {k: getattr(args, k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch")}
-    write_record(new_record(source, status="infeasible", error=str(exc), **fields), args.out)
 
 
 def cmd_table(args) -> int:
@@ -121,10 +59,7 @@ def cmd_claims(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from zerobench.runtime.trace import trace_record  # imports torch
-
-    model, parallel, precision, train = configs(vars(args))
-    record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out), args.states_only)
+    record = traced.record(vars(args), args.out)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -132,9 +67,9 @@ def cmd_trace(args) -> int:
 
 
 def cmd_emulate(args) -> int:
-    from zerobench.sweeps.emulated import emulated_record  # imports torch
+    from zerobench.sources import emulated  # imports torch
 
-    record = emulated_record(vars(args), args.out)
+    record = emulated.record(vars(args), args.out)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -142,7 +77,7 @@ def cmd_emulate(args) -> int:
 
 
 def cmd_model(args) -> int:
-    record = modelled_record(vars(args))
+    record = modelled.record(vars(args))
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -328,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
         if args.command in ("run", "trace", "model") and args.out:
-            _write_infeasible(args, exc)
+            write_record(infeasible.record(args.command, vars(args), exc), args.out)
             return 0
         return 2
 

@@ -4,8 +4,8 @@ Every module of zerobench is parsed (never imported), and every import counts, t
 functions too: an in-function import hides a cycle from Python, not from this test. The layers,
 top to bottom; a module may import its own layer and those below it:
 
-    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers, plan -> perfmodel
-    -> runtime (the harness that runs the engine) -> trial (a trial's vocabulary)
+    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers, plan -> sources (one record per
+    source) -> perfmodel -> runtime (the harness that runs the engine) -> trial (a trial's vocabulary)
     -> the engine (engine.zero -> engine.parallel -> engine.config, model, compile)
     -> the ground floor (memory, flops, results, clock, gpus)
 
@@ -27,6 +27,7 @@ LAYERS = (
     ("cli", "cli_args", "checks", "fitting"),  # the seam and the tools that use everything below
     ("artifacts",),
     ("sweeps", "calibrate", "peers", "plan"),
+    ("sources",),
     ("perfmodel",),
     ("runtime",),
     ("trial",),

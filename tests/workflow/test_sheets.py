@@ -1,4 +1,4 @@
-"""Sheets of trials (zerobench/sweeps/sheets.py), the largest-that-fits policy (zerobench/sweeps/search.py),
+"""Sheets of trials (zerobench/sweeps/sheets.py), the largest-that-fits policy (zerobench/trial/policy.py),
 modelled groups in one process (zerobench/sweeps/groups.py) and a paper sheet planned on SLURM as
 measured trials."""
 
@@ -22,7 +22,7 @@ from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import max_micro_batch
 from zerobench.sweeps import groups as sweep
 from zerobench.sweeps import sheets
-from zerobench.sweeps.search import largest_that_fits
+from zerobench.trial.policy import largest_that_fits
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -98,19 +98,20 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 
 
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
-    """The CLI's loop around the trial runner: each attempt a run; here a stand-in runner whose
-    budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
+    """The measured source's loop around the trial runner: each attempt a run; here a stand-in
+    runner whose budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
     from zerobench.results import read_record
+    from zerobench.sources import measured
     from zerobench.trial import new_record
 
     ran = []
 
-    def run_once(args, spec, listed):
+    def run_once(values, argv, spec, listed):
         batch = spec.train.micro_batch
         ran.append(batch)
         return new_record("measured", status="ok" if batch <= 5 else "oom", micro_batch=batch)
 
-    monkeypatch.setattr(cli, "_run_once", run_once)
+    monkeypatch.setattr(measured, "_run_once", run_once)
     out = tmp_path / "r.json"
     assert cli.main(["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--out", str(out)]) == 0
     record = read_record(out)
@@ -177,10 +178,11 @@ def test_committed_paper_records_join_their_sheets():
 
 def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
     """Under --time-limit each attempt is a child process: its flags pin the attempt's size."""
-    from zerobench.sweeps.search import at_size, listed_flags
+    from zerobench.sources import measured
+    from zerobench.trial.policy import at_size, listed_flags
 
     argv = ["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--layers", "8"]
-    listed = cli._trial_spec(cli.parser().parse_args(argv))
+    listed = measured.spec(vars(cli.parser().parse_args(argv)))
     child = cli.parser().parse_args([*argv, *listed_flags(at_size(listed, "micro_batch", 5), listed)])
     assert (child.micro_batch, child.micro_batch_policy) == (5, "listed")
     assert (child.layers, child.layers_policy) == (8, "listed")

@@ -41,7 +41,7 @@ COMMAND = {
 }  # the command of each source
 TRIAL_COMMANDS = ("run", "trace", "model", "estimate", "peers", "emulate")
 PREDICTS = ("model", "estimate")  # the performance model's commands
-SEARCHES = ("run", "model", "emulate")  # the commands with a batch/depth search (zerobench/sweeps/search.py)
+SEARCHES = ("run", "model", "emulate")  # the commands with a batch/depth search (zerobench/trial/policy.py)
 POLICIES = ("listed", "largest_fits")
 # the performance model's implementation profiles (perfmodel/implementation.py PROFILES; a test holds
 # them equal: the engine imports nothing of the model)

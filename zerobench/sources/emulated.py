@@ -1,4 +1,4 @@
-"""One emulated trial (`source: emulated`, `zerobench emulate`) from a trial's field values: the
+"""The emulated source (`source: emulated`, `zerobench emulate`): one trial's record from its field values: the
 rank checked before anything runs (a bad rank, device or cluster writes nothing), run under its
 batch/depth policy, each attempt's collectives priced on its cluster (perfmodel/replay.py).
 Imports torch: the CLI imports it when the command runs."""
@@ -12,12 +12,12 @@ from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.replay import cluster_of, complete
 from zerobench.runtime.devices import hardware_profile
 from zerobench.runtime.emulate import check, emulate
-from zerobench.sweeps.search import run_under_policy
 from zerobench.trial import TrialSpec, configs, mib
 from zerobench.trial.fields import defaults
+from zerobench.trial.policy import run_under_policy
 
 
-def emulated_record(values: Mapping, out: str | None = None) -> dict:
+def record(values: Mapping, out: str | None = None) -> dict:
     """The emulated record of a trial's field values (parsed `zerobench emulate` flags)."""
     v = {**defaults("emulate"), "command": "emulate", **values}
     cap = mib(v["mem_cap_mb"], "mem_cap_mb") if v["mem_cap_mb"] is not None else None
