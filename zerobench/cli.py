@@ -1,6 +1,6 @@
 """`zerobench` command line: run, trace, model, estimate (one trial or answer each), plan (the
 layouts of a model on N GPUs, ranked and checked), and table, plot, report, claims (results/ and
-figures/ from records). See design.md for the interface."""
+figures/ from records). See docs/design.md for the interface."""
 
 from __future__ import annotations
 
