@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
-            allocator.use(args.allocator, args.argv)
+            allocator.use(args.allocator)
         return args.fn(args)
     except ConfigError as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)

@@ -119,6 +119,26 @@ def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypat
     assert record["attempts"] == [[b, "ok" if b <= 5 else "oom"] for b in ran]
 
 
+def test_a_run_at_its_listed_size_never_enters_the_search(monkeypatch):
+    """`micro_batch_policy: listed` (the default): one attempt at the listed micro-batch, straight
+    from the flag to the runner, the search not called."""
+    from zerobench.sources import measured
+    from zerobench.trial import new_record, policy
+
+    def no_search(*_):
+        raise AssertionError("the search ran for a listed trial")
+
+    ran = []
+
+    def run_once(values, argv, spec, listed):
+        ran.append(spec.train.micro_batch)
+        return new_record("measured", micro_batch=spec.train.micro_batch)
+
+    monkeypatch.setattr(policy, "search", no_search)
+    monkeypatch.setattr(measured, "_run_once", run_once)
+    assert cli.main(["run", "--micro-batch", "7"]) == 0 and ran == [7]
+
+
 def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
     base = dict(hardware="h100-80gb", precision="fp16", checkpoint_activations=True, micro_batch=4)
     path = _sheet(tmp_path, [

@@ -12,9 +12,8 @@ from zerobench.perfmodel.hardware import get_profile
 from zerobench.perfmodel.replay import cluster_of, complete
 from zerobench.runtime.devices import hardware_profile
 from zerobench.runtime.emulate import check, emulate
-from zerobench.trial import TrialSpec, configs, mib
+from zerobench.trial import TrialSpec, configs, mib, policy
 from zerobench.trial.fields import defaults
-from zerobench.trial.policy import run_under_policy
 
 
 def record(values: Mapping, out: str | None = None) -> dict:
@@ -28,4 +27,9 @@ def record(values: Mapping, out: str | None = None) -> dict:
     # a GPU rank's allocator gets its budget less what its card holds outside it (the CUDA context,
     # NCCL's communicators); on a host the counted tensor peak is held against the budget itself
     reserved = outside_allocator_bytes(spec.parallel.dp, spec.parallel.mp) if device.type == "cuda" else 0
-    return run_under_policy(spec, v, lambda s: complete(emulate(s, v["rank"], reserved), cluster))
+
+    def attempt(s: TrialSpec) -> dict:
+        return complete(emulate(s, v["rank"], reserved), cluster)
+
+    field = policy.searched(v)
+    return attempt(spec) if field is None else policy.search(spec, field, attempt)

@@ -18,8 +18,7 @@ from zerobench.engine.config import ConfigError
 from zerobench.perfmodel import profile_file
 from zerobench.results import read_record, write_record
 from zerobench.runtime.procs import process_tree
-from zerobench.trial import TrialSpec, configs, mib
-from zerobench.trial.policy import listed_flags, run_under_policy
+from zerobench.trial import TrialSpec, configs, mib, policy
 
 
 def spec(values: Mapping) -> TrialSpec:
@@ -42,7 +41,8 @@ def record(values: Mapping, argv: list[str]) -> dict:
 
     if values["probe_reference"]:
         run = slow_spells.rerun_if_slow(run, profile_file.load(values["probe_reference"]).host_probe)
-    out = run_under_policy(listed, values, run)
+    field = policy.searched(values)
+    out = run(listed) if field is None else policy.search(listed, field, run)
     if values["out"] and ("policy" in out or "slow_spell_rerun" in out):  # with the search's trail, or the rerun's
         write_record(out, values["out"])
     return out
@@ -63,7 +63,7 @@ def _run_with_time_limit(values: Mapping, argv: list[str], attempt: TrialSpec, l
     if not out:
         raise ConfigError("time_limit: needs --out (the record is written there)")
     # this attempt's sizes, no search and no rerun of its own
-    child_argv = [*argv, *listed_flags(attempt, listed), "--time-limit", "0", "--probe-reference", ""]
+    child_argv = [*argv, *policy.listed_flags(attempt, listed), "--time-limit", "0", "--probe-reference", ""]
     child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *child_argv])
     try:
         child.wait(timeout=limit)

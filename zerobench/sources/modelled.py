@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
-from zerobench.trial import TrialSpec, configs
+from zerobench.trial import TrialSpec, configs, policy
 from zerobench.trial.fields import defaults
-from zerobench.trial.policy import run_under_policy
 
 
 def record(values: Mapping, cal: Calibration = DEFAULT) -> dict:
@@ -27,4 +26,5 @@ def record(values: Mapping, cal: Calibration = DEFAULT) -> dict:
         return model_record(spec.model, spec.parallel, spec.precision, spec.train, v["hardware"], v["gpus_per_node"],
                             cal, attention=attention, implementation=implementation)  # fmt: skip
 
-    return run_under_policy(TrialSpec(*configs(v)), v, predict)
+    spec, field = TrialSpec(*configs(v)), policy.searched(v)
+    return predict(spec) if field is None else policy.search(spec, field, predict)
