@@ -139,6 +139,21 @@ def test_a_run_at_its_listed_size_never_enters_the_search(monkeypatch):
     assert cli.main(["run", "--micro-batch", "7"]) == 0 and ran == [7]
 
 
+def test_the_paper_bucket_is_named_once_and_resolved_before_the_trial_id():
+    """`bucket_mb: paper` is the paper's C_B (engine/config.py PAPER_BUCKET), in MiB, before the
+    trial's id and flags are made; a word the field does not know is refused, naming it."""
+    from zerobench.engine.config import PAPER_BUCKET
+
+    group = dict(source="modelled", base=dict(model="gpt-8b", gpus=64, bucket_mb="paper"))
+    (trial,) = sheets.expand_group(group)
+    assert trial["bucket_mb"] * 2**20 == PAPER_BUCKET == 700_000_000
+    assert "-cb667.572021484375" in sheets.trial_id(trial)
+    flags = sheets.trial_flags(trial)
+    assert flags[flags.index("--bucket-mb") + 1] == "667.572021484375"
+    with pytest.raises(ConfigError, match="bucket_mb='papr'"):
+        sheets.expand_group(dict(group, base=dict(group["base"], bucket_mb="papr")))
+
+
 def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
     base = dict(hardware="h100-80gb", precision="fp16", checkpoint_activations=True, micro_batch=4)
     path = _sheet(tmp_path, [

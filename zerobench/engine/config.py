@@ -308,6 +308,11 @@ class TrainConfig:
         return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
 
+# The paper's C_B (§6.2): DeepSpeed's hyperscale configs use a 5e8-element reduce and a 2e8-element
+# all-gather bucket (fp16), 1.4 GB together. The engine holds two buckets of `bucket_bytes`, so each
+# is their mean: 700,000,000 bytes (667.57 MiB). A sheet names it `bucket_mb: paper`.
+PAPER_BUCKET = (500_000_000 + 200_000_000) * 2 // 2
+
 # The paper's ZeRO configurations C1–C5 (SC20 Table III, paper.md §4.1): ZeRO-DP stage plus the
 # ZeRO-R switches. C_B (constant buffers) is always on in this engine; M_D is `contiguous_buffers`.
 ZERO_CONFIGS: dict[str, dict] = {

@@ -22,7 +22,16 @@ import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from zerobench.engine.config import COMPILE, ZERO_CONFIGS, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import (
+    COMPILE,
+    PAPER_BUCKET,
+    ZERO_CONFIGS,
+    ConfigError,
+    ModelConfig,
+    ParallelConfig,
+    PrecisionConfig,
+    TrainConfig,
+)
 from zerobench.memory import BYTES_PER_PARAM
 from zerobench.stages import STAGES
 
@@ -77,7 +86,8 @@ class Field:
     field; `commands` those that take its flag; `schema` further JSON-schema constraints on a
     sheet's value; `attribute` the configuration attribute the field is (made by `of`); `sets`
     whether the value is that attribute's, as given or, with `unit`, times it (MiB flags into
-    bytes); `column` the record column it fills, read from the attribute."""
+    bytes); `column` the record column it fills, read from the attribute; `names` the words a sheet
+    may give for a value (`bucket_mb: paper`), each resolved to it by `resolved`."""
 
     name: str
     kind: type
@@ -93,6 +103,7 @@ class Field:
     sets: bool = False
     column: str | None = None
     unit: int | None = None
+    names: dict | None = None
 
     def __post_init__(self):
         if self.kind is bool and self.default is None:
@@ -105,7 +116,10 @@ class Field:
     def json_schema(self) -> dict:
         """The JSON schema of a sheet's value of this field."""
         out = {"enum": list(self.choices)} if self.choices else {"type": TYPES[self.kind]}
-        return {**out, **(self.schema or {}), "description": self.help}
+        out = {**out, **(self.schema or {})}
+        if self.names:
+            out = {"anyOf": [out, {"enum": list(self.names)}]}
+        return {**out, "description": self.help}
 
 
 _GROUPS = {ModelConfig: "model", ParallelConfig: "parallel", PrecisionConfig: "train", TrainConfig: "train"}
@@ -189,7 +203,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     of(_T.micro_batch, "b", column=True, schema=_POSITIVE),
     of(_T.grad_accum, "ga", column=True, schema=_POSITIVE),
     of(_P.checkpoint_activations, "ckpt", sets=False, column=True),
-    of(_P.bucket_bytes, "cb", mib=True, column=True, schema={"exclusiveMinimum": 0}),
+    of(_P.bucket_bytes, "cb", mib=True, column=True, schema={"exclusiveMinimum": 0},
+       names={"paper": PAPER_BUCKET / MiB}),
     of(_T.steps, "n", column=True, schema=_POSITIVE),
     of(_T.warmup, "w", schema={"minimum": 0}),
     of(_T.seed, "seed", schema={"minimum": 0}),
@@ -256,3 +271,16 @@ def takes(command: str, name: str) -> bool:
 def defaults(command: str) -> dict:
     """Every field `command` takes, at its default: a trial's mapping before its own values."""
     return {name: f.default for name, f in FIELDS.items() if takes(command, name)}
+
+
+def resolved(values: dict) -> dict:
+    """A trial's field values with each named value (`bucket_mb: paper`) replaced by what it names;
+    a word the field does not know is refused, naming the field."""
+    out = dict(values)
+    for name, value in values.items():
+        names = FIELDS[name].names if name in FIELDS else None
+        if names and isinstance(value, str):
+            if value not in names:
+                raise ConfigError(f"{name}={value!r}: must be a number or one of {list(names)}")
+            out[name] = names[value]
+    return out
