@@ -22,6 +22,10 @@ from zerobench.sources import infeasible, measured, modelled, traced
 from zerobench.sweeps.groups import sweep_args
 from zerobench.trial import configs
 
+# the trial fields `zerobench plan` takes: the model, the machine and the model's assumptions
+PLAN_FIELDS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node", "precision",
+               "attention", "implementation")  # fmt: skip
+
 
 def cmd_run(args) -> int:
     record = measured.record(vars(args), args.argv)
@@ -88,17 +92,37 @@ def cmd_estimate(args) -> int:
     model, parallel, precision, train = configs(vars(args))
 
     attention = args.attention or "fused"
-    print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node, attention=attention,
-                        implementation=args.implementation or DEFAULT_IMPLEMENTATION))  # fmt: skip
+    print(
+        estimate_text(
+            model,
+            parallel,
+            precision,
+            train,
+            args.hardware,
+            args.gpus_per_node,
+            attention=attention,
+            implementation=args.implementation or DEFAULT_IMPLEMENTATION,
+        )
+    )
     return 0
 
 
 def cmd_plan(args) -> int:
-    model = preset(args.model).with_overrides(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                                              seq=args.seq, vocab=args.vocab)  # fmt: skip
-    req = PlanRequest(model, args.gpus, args.hardware, args.precision or "fp16", args.global_batch, args.top,
-                      args.attention or "fused", args.implementation or DEFAULT_IMPLEMENTATION, args.gpus_per_node,
-                      args.mp)  # fmt: skip
+    model = preset(args.model).with_overrides(
+        layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab
+    )
+    req = PlanRequest(
+        model,
+        args.gpus,
+        args.hardware,
+        args.precision or "fp16",
+        args.global_batch,
+        args.top,
+        args.attention or "fused",
+        args.implementation or DEFAULT_IMPLEMENTATION,
+        args.gpus_per_node,
+        args.mp,
+    )
     rows = rank(req)
     top = shown(rows, req.top)
     if args.verify:
@@ -128,8 +152,10 @@ def cmd_calibrate(args) -> int:
 def cmd_presets(args) -> int:
     for name, cfg in PRESETS.items():
         nominal = f"{NOMINAL_BILLIONS[name]:g}B" if name in NOMINAL_BILLIONS else "-"
-        print(f"{name:18s} L={cfg.layers:<4d} h={cfg.hidden:<5d} heads={cfg.heads:<4d} "
-              f"params={cfg.num_params / 1e9:8.3f}B  paper={nominal:6s} {cfg.note}")  # fmt: skip
+        print(
+            f"{name:18s} L={cfg.layers:<4d} h={cfg.hidden:<5d} heads={cfg.heads:<4d} "
+            f"params={cfg.num_params / 1e9:8.3f}B  paper={nominal:6s} {cfg.note}"
+        )
     return 0
 
 
@@ -192,8 +218,7 @@ def parser() -> argparse.ArgumentParser:
     trial_args(estimate, "estimate")
     estimate.set_defaults(fn=cmd_estimate)
     plan = sub.add_parser("plan", help="every layout of a model on N GPUs, ranked by the model, the top checked")
-    field_args(plan, ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node",
-                      "precision", "attention", "implementation"), model=True, gpus=True, hardware=True)  # fmt: skip
+    field_args(plan, PLAN_FIELDS, model=True, gpus=True, hardware=True)
     plan.add_argument("--mp", type=int, help="only this MP degree (default: every one dividing the heads and a node)")
     plan.add_argument("--global-batch", type=int, help="sequences per step = micro-batch x dp x grad-accum")
     plan.add_argument("--top", type=int, default=5, help="layouts shown, and checked with --verify")

@@ -29,8 +29,13 @@ CHOICES = ("auto", "jemalloc", "system")
 # (torch/backends/xeon/run_cpu.py): its background purge thread takes a core from the ranks when
 # they fill the host (docs/engine-measurements.md)
 MALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:0"
-_PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
-          "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")  # fmt: skip
+_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib64/libjemalloc.so.2",
+    "/usr/local/lib/libjemalloc.so.2",
+    "/usr/lib/libjemalloc.so.2",
+)
 
 
 def jemalloc_path() -> str | None:

@@ -97,13 +97,17 @@ def _cap(spec: TrialSpec, device: torch.device, reserved_bytes: float = 0) -> st
     props = torch.cuda.get_device_properties(device)
     allocator = spec.mem_cap_bytes - reserved_bytes
     if allocator <= 0:
-        raise ConfigError(f"mem_cap_mb={spec.mem_cap_bytes / 2**20:.0f}: no more than the "
-                          f"{reserved_bytes / 2**20:.0f} MiB a rank holds outside its allocator")  # fmt: skip
+        raise ConfigError(
+            f"mem_cap_mb={spec.mem_cap_bytes / 2**20:.0f}: no more than the "
+            f"{reserved_bytes / 2**20:.0f} MiB a rank holds outside its allocator"
+        )
     torch.cuda.set_per_process_memory_fraction(min(1.0, allocator / props.total_memory), device)
-    return (f"caching allocator capped at {allocator / 2**30:.2f} GiB of this {props.name}'s "
-            f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction): the "
-            f"{spec.mem_cap_bytes / 2**30:.1f} GiB budget less {reserved_bytes / 2**30:.2f} GiB outside the "
-            f"allocator")  # fmt: skip
+    return (
+        f"caching allocator capped at {allocator / 2**30:.2f} GiB of this {props.name}'s "
+        f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction): the "
+        f"{spec.mem_cap_bytes / 2**30:.1f} GiB budget less {reserved_bytes / 2**30:.2f} GiB outside the "
+        f"allocator"
+    )
 
 
 def _emulate(spec: TrialSpec, rank: int, device: torch.device, reserved_bytes: float) -> dict:
@@ -144,8 +148,10 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device, reserved_bytes: f
         times = timer.times()
     peak_rss = memory.peak_rss_bytes()
     n = spec.train.steps
-    comm = {k: {**v, "seconds": None, "per_step_volume_elements": v["volume_elements"] / n}
-            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    comm = {
+        k: {**v, "seconds": None, "per_step_volume_elements": v["volume_elements"] / n}
+        for k, v in comms.ledger.as_dict().items()
+    }
     return spec.record(
         "emulated",
         hardware=hardware_profile(device),

@@ -167,11 +167,18 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
         except Exception as exc:
             return spec.record("traced", status="error", error=short_error(exc))
         return spec.record(
-            "traced", param_bytes=states["param"], grad_bytes=states["grad"], optimizer_bytes=states["optimizer"],
+            "traced",
+            param_bytes=states["param"],
+            grad_bytes=states["grad"],
+            optimizer_bytes=states["optimizer"],
             build_peak_bytes=states["build_peak"],
-            extra={"memory_counter": COUNTER, "states_only": True, "device_semantics": device_semantics(spec),
-                   "trace_cpu_seconds": time.process_time() - cpu0},
-        )  # fmt: skip
+            extra={
+                "memory_counter": COUNTER,
+                "states_only": True,
+                "device_semantics": device_semantics(spec),
+                "trace_cpu_seconds": time.process_time() - cpu0,
+            },
+        )
     try:
         out = trace_step(spec)
     except Exception as exc:  # a record either way, as `zerobench run` does

@@ -96,8 +96,11 @@ class StepLog:
             mem = f"peak RSS {memory.peak_rss_bytes() / 2**20:.0f} MiB"
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
-        print(f"step {step} loss {loss:.4f} {seconds:.3f} s/step {self.tokens / seconds:.0f} tokens/s {mem}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"step {step} loss {loss:.4f} {seconds:.3f} s/step {self.tokens / seconds:.0f} tokens/s {mem}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def cap_error(spec: TrialSpec, used: float, what: str) -> str | None:
@@ -158,8 +161,9 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     host_probe = [[int(n), int(size), gemm, copy] for n, size, gemm, copy in peaks[5:].view(2, 4).tolist()]
     step_time = statistics.median(times)
     steps = spec.train.steps
-    comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
-            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    comm = {
+        k: {**v, "per_step_volume_elements": v["volume_elements"] / steps} for k, v in comms.ledger.as_dict().items()
+    }
     tflops = spec.tflops_per_gpu(step_time)
     profile = hardware_profile(device)
     cuda = device.type == "cuda"

@@ -25,9 +25,14 @@ def spec(values: Mapping) -> TrialSpec:
     """The trial a `zerobench run`'s parsed flags describe, at its listed sizes."""
     cap = mib(values["mem_cap_mb"], "mem_cap_mb") if values["mem_cap_mb"] is not None else None
     return TrialSpec(
-        *configs(values), values["out"], values["timeout"], data=values["data"], mem_cap_bytes=cap,
-        resume=values["resume"], save=values["save"],
-    )  # fmt: skip
+        *configs(values),
+        values["out"],
+        values["timeout"],
+        data=values["data"],
+        mem_cap_bytes=cap,
+        resume=values["resume"],
+        save=values["save"],
+    )
 
 
 def record(values: Mapping, argv: list[str]) -> dict:

@@ -23,8 +23,17 @@ def record(values: Mapping, cal: Calibration = DEFAULT) -> dict:
     implementation = v.get("implementation") or DEFAULT_IMPLEMENTATION
 
     def predict(spec: TrialSpec) -> dict:
-        return model_record(spec.model, spec.parallel, spec.precision, spec.train, v["hardware"], v["gpus_per_node"],
-                            cal, attention=attention, implementation=implementation)  # fmt: skip
+        return model_record(
+            spec.model,
+            spec.parallel,
+            spec.precision,
+            spec.train,
+            v["hardware"],
+            v["gpus_per_node"],
+            cal,
+            attention=attention,
+            implementation=implementation,
+        )
 
     spec, field = TrialSpec(*configs(v)), policy.searched(v)
     return predict(spec) if field is None else policy.search(spec, field, predict)
