@@ -98,7 +98,7 @@ def test_fp16_trains_and_an_overflow_skips_the_step():
     states = lambda: [t.clone() for t in (opt.master_flat, opt.exp_avg_flat, opt.exp_avg_sq_flat)]  # noqa: E731
     before = (engine.full_parameters(), states(), float(opt.steps[0]))
     tokens = SyntheticTokens(fp16.model.vocab, fp16.model.seq, 0).global_batch(99, fp16.global_batch).to(device)
-    (x, y), *_ = micro_batches(tokens, fp16.train.micro_batch, 1, 0)
+    (x, y), *_ = micro_batches(tokens, micro_batch=fp16.train.micro_batch, dp=1, dp_rank=0)
     engine.backward(engine.model(x, y) * 1e6)
     assert engine.step() is False
     after = (engine.full_parameters(), states(), float(opt.steps[0]))

@@ -99,7 +99,7 @@ def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torc
     """This rank's (inputs, targets) micro-batches of `step`: the slices our engine takes."""
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
     tokens = data.global_batch(step, spec.global_batch)
-    return list(micro_batches(tokens, spec.train.micro_batch, spec.parallel.dp, dp_rank))
+    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
 
 
 # -- collective observer ------------------------------------------------------------------------

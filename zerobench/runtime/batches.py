@@ -57,7 +57,7 @@ def token_source(data: str, vocab: int, seq: int, seed: int):
     return CorpusTokens(corpus_path(data), vocab, seq, seed)
 
 
-def micro_batches(tokens: torch.Tensor, micro_batch: int, dp: int, dp_rank: int):
+def micro_batches(tokens: torch.Tensor, *, micro_batch: int, dp: int, dp_rank: int):
     """Yield (inputs, targets) of this DP rank's micro-batches, `micro_batch` sequences each, one per
     micro-step of the global batch `tokens`; sample order is [micro][rank][b]."""
     per_step = micro_batch * dp  # sequences one micro-step takes over all DP ranks

@@ -106,7 +106,7 @@ def rank_micro_batches(spec: TrialSpec, dp_rank: int, step: int = 0) -> list:
     tokens = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(
         step, spec.global_batch
     )
-    return list(micro_batches(tokens, spec.train.micro_batch, spec.parallel.dp, dp_rank))
+    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
 
 
 @contextmanager

@@ -65,7 +65,7 @@ def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, o
         faults.at_step(step, ctx.rank)  # watchdog progress; the injected fault, if any
         tokens = data.global_batch(step, spec.global_batch).to(engine.device)
         total = 0.0
-        mbs = list(micro_batches(tokens, spec.train.micro_batch, ctx.dp.size, ctx.dp.rank))
+        mbs = list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank))
         for i, (x, y) in enumerate(mbs):
             loss = engine.model(x, y)
             engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
