@@ -4,7 +4,7 @@ sequences each, read from the trial's own micro-batch, never recovered by dividi
 import pytest
 import torch
 
-from zerobench.runtime.batches import micro_batches
+from zerobench.runtime.batches import CorpusTokens, micro_batches, token_source
 
 
 def test_each_rank_takes_micro_batch_sequences_per_micro_step_in_micro_rank_order():
@@ -19,3 +19,8 @@ def test_each_rank_takes_micro_batch_sequences_per_micro_step_in_micro_rank_orde
 def test_a_global_batch_of_no_whole_micro_steps_is_refused_naming_the_micro_batch():
     with pytest.raises(ValueError, match="micro_batch=3"):
         list(micro_batches(torch.zeros(8, 5, dtype=torch.long), micro_batch=3, dp=2, dp_rank=0))
+
+
+def test_a_shipped_corpus_is_found_by_name():
+    tokens = token_source("corpus_tinyshakespeare.txt", 256, 16, 0)
+    assert isinstance(tokens, CorpusTokens) and tokens.global_batch(0, 2).shape == (2, 17)

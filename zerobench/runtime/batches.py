@@ -44,7 +44,7 @@ def corpus_path(data: str) -> Path:
     path = Path(data)
     if path.exists():
         return path
-    shipped = Path(__file__).parents[2] / "data" / data
+    shipped = Path(__file__).parents[1] / "data" / data  # zerobench/runtime/batches.py -> zerobench/data/
     if not shipped.exists():
         raise FileNotFoundError(f"data={data!r}: neither a file nor a corpus shipped in {shipped.parent}")
     return shipped
