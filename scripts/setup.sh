@@ -12,7 +12,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   $pip install -q "torch==${TORCH_CPU_VERSION:-2.13.0}"
 fi
 $pip install -q -e ".[dev]"
-# jemalloc for measured CPU trials (zerobench/engine/runtime/allocator.py): installed when apt-get runs as root,
+# jemalloc for measured CPU trials (zerobench/runtime/allocator.py): installed when apt-get runs as root,
 # otherwise the trials run on the system allocator and their records say so.
 if ! ls /usr/lib/*/libjemalloc.so.2 /usr/lib*/libjemalloc.so.2 >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

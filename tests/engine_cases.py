@@ -11,8 +11,8 @@ from zerobench.checks.reference import reference_run, rel_err, whole_parameters 
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.train import build_engine, train_steps
-from zerobench.engine.trial import TrialSpec
+from zerobench.runtime.train import build_engine, train_steps
+from zerobench.trial import TrialSpec
 
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
 

@@ -1,94 +1,36 @@
 """`zerobench` command line: run, trace, model, estimate (one trial or answer each), plan (the
 layouts of a model on N GPUs, ranked and checked), and table, plot, report, claims (results/ and
-figures/ from records). See design.md for the interface."""
+figures/ from records). See docs/design.md for the interface."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 
 from zerobench import slow_spells
 from zerobench.cli_args import field_args, trial_args
 from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError, preset
-from zerobench.engine.runtime import allocator
-from zerobench.engine.runtime.procs import process_tree
-from zerobench.engine.trial import TrialSpec, configs, mib, new_record
-from zerobench.perfmodel import estimate_text, profile_file
+from zerobench.perfmodel import estimate_text
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.answer import heading, shown, table, write_csv
 from zerobench.plan.rank import rank
 from zerobench.plan.request import PlanRequest
-from zerobench.results import read_record, write_record
-from zerobench.sweeps.groups import modelled_record, sweep_args
-from zerobench.sweeps.search import listed_flags, run_under_policy
+from zerobench.results import write_record
+from zerobench.runtime import allocator
+from zerobench.sources import infeasible, measured, modelled, traced
+from zerobench.sweeps.groups import sweep_args
+from zerobench.trial import configs
 
-
-def _trial_spec(args) -> TrialSpec:
-    model, parallel, precision, train = configs(vars(args))
-    cap = mib(args.mem_cap_mb, "mem_cap_mb") if args.mem_cap_mb is not None else None
-    return TrialSpec(
-        model, parallel, precision, train, args.out, args.timeout, data=args.data, mem_cap_bytes=cap,
-        resume=args.resume, save=args.save,
-    )  # fmt: skip
+# the trial fields `zerobench plan` takes: the model, the machine and the model's assumptions
+PLAN_FIELDS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node", "precision",
+               "attention", "implementation")  # fmt: skip
 
 
 def cmd_run(args) -> int:
-    listed = _trial_spec(args)
-
-    def run(spec: TrialSpec) -> dict:
-        return _run_once(args, spec, listed)
-
-    if args.probe_reference:
-        run = slow_spells.rerun_if_slow(run, profile_file.load(args.probe_reference).host_probe)
-    record = run_under_policy(listed, vars(args), run)
-    if args.out and ("policy" in record or "slow_spell_rerun" in record):  # with the search's trail, or the rerun's
-        write_record(record, args.out)
+    record = measured.record(vars(args), args.argv)
     _summarise(record)
     return 0 if record["status"] in ("ok", "oom", "infeasible", "timeout") else 1
-
-
-def _run_once(args, spec: TrialSpec, listed: TrialSpec) -> dict:
-    if args.time_limit:
-        return _run_with_time_limit(args, spec, listed)
-    from zerobench.engine.runtime.launch import run_trial  # imports torch: not for a time-limited parent
-
-    return run_trial(spec)
-
-
-def _run_with_time_limit(args, spec: TrialSpec, listed: TrialSpec) -> dict:
-    """This same command at `spec`'s sizes in a child process; past `args.time_limit` seconds it is
-    killed with the launcher and every rank, and the record says `timeout`."""
-    limit = args.time_limit
-    if not args.out:
-        raise ConfigError("time_limit: needs --out (the record is written there)")
-    # this attempt's sizes, no search and no rerun of its own
-    argv = [*args.argv, *listed_flags(spec, listed), "--time-limit", "0", "--probe-reference", ""]
-    child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *argv])
-    try:
-        child.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        for pid in process_tree(child.pid):  # the launcher starts each rank in a session of its own
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        child.wait()
-        error = f"over the time limit of {limit:g} s"
-        write_record(spec.record("measured", status="timeout", error=error), args.out)
-    if not os.path.exists(args.out):
-        error = f"exit code {child.returncode}"
-        write_record(spec.record("measured", status="error", error=error), args.out)
-    return read_record(args.out)
-
-
-def _write_infeasible(args, exc: ConfigError) -> None:
-    """A layout that cannot run is a result row (status infeasible), not a crash."""
-    source = {"run": "measured", "trace": "traced", "model": "modelled"}[args.command]
-    fields = {k: getattr(args, k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch")}
-    write_record(new_record(source, status="infeasible", error=str(exc), **fields), args.out)
 
 
 def cmd_table(args) -> int:
@@ -121,10 +63,7 @@ def cmd_claims(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from zerobench.engine.runtime.trace import trace_record  # imports torch
-
-    model, parallel, precision, train = configs(vars(args))
-    record = trace_record(TrialSpec(model, parallel, precision, train, out=args.out), args.states_only)
+    record = traced.record(vars(args), args.out)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -132,9 +71,9 @@ def cmd_trace(args) -> int:
 
 
 def cmd_emulate(args) -> int:
-    from zerobench.sweeps.emulated import emulated_record  # imports torch
+    from zerobench.sources import emulated  # imports torch
 
-    record = emulated_record(vars(args), args.out)
+    record = emulated.record(vars(args), args.out)
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -142,7 +81,7 @@ def cmd_emulate(args) -> int:
 
 
 def cmd_model(args) -> int:
-    record = modelled_record(vars(args))
+    record = modelled.record(vars(args))
     if args.out:
         write_record(record, args.out)
     _summarise(record)
@@ -153,17 +92,37 @@ def cmd_estimate(args) -> int:
     model, parallel, precision, train = configs(vars(args))
 
     attention = args.attention or "fused"
-    print(estimate_text(model, parallel, precision, train, args.hardware, args.gpus_per_node, attention=attention,
-                        implementation=args.implementation or DEFAULT_IMPLEMENTATION))  # fmt: skip
+    print(
+        estimate_text(
+            model,
+            parallel,
+            precision,
+            train,
+            args.hardware,
+            args.gpus_per_node,
+            attention=attention,
+            implementation=args.implementation or DEFAULT_IMPLEMENTATION,
+        )
+    )
     return 0
 
 
 def cmd_plan(args) -> int:
-    model = preset(args.model).with_overrides(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                                              seq=args.seq, vocab=args.vocab)  # fmt: skip
-    req = PlanRequest(model, args.gpus, args.hardware, args.precision or "fp16", args.global_batch, args.top,
-                      args.attention or "fused", args.implementation or DEFAULT_IMPLEMENTATION, args.gpus_per_node,
-                      args.mp)  # fmt: skip
+    model = preset(args.model).with_overrides(
+        layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, vocab=args.vocab
+    )
+    req = PlanRequest(
+        model,
+        args.gpus,
+        args.hardware,
+        args.precision or "fp16",
+        args.global_batch,
+        args.top,
+        args.attention or "fused",
+        args.implementation or DEFAULT_IMPLEMENTATION,
+        args.gpus_per_node,
+        args.mp,
+    )
     rows = rank(req)
     top = shown(rows, req.top)
     if args.verify:
@@ -193,8 +152,10 @@ def cmd_calibrate(args) -> int:
 def cmd_presets(args) -> int:
     for name, cfg in PRESETS.items():
         nominal = f"{NOMINAL_BILLIONS[name]:g}B" if name in NOMINAL_BILLIONS else "-"
-        print(f"{name:18s} L={cfg.layers:<4d} h={cfg.hidden:<5d} heads={cfg.heads:<4d} "
-              f"params={cfg.num_params / 1e9:8.3f}B  paper={nominal:6s} {cfg.note}")  # fmt: skip
+        print(
+            f"{name:18s} L={cfg.layers:<4d} h={cfg.hidden:<5d} heads={cfg.heads:<4d} "
+            f"params={cfg.num_params / 1e9:8.3f}B  paper={nominal:6s} {cfg.note}"
+        )
     return 0
 
 
@@ -257,8 +218,7 @@ def parser() -> argparse.ArgumentParser:
     trial_args(estimate, "estimate")
     estimate.set_defaults(fn=cmd_estimate)
     plan = sub.add_parser("plan", help="every layout of a model on N GPUs, ranked by the model, the top checked")
-    field_args(plan, ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node",
-                      "precision", "attention", "implementation"), model=True, gpus=True, hardware=True)  # fmt: skip
+    field_args(plan, PLAN_FIELDS, model=True, gpus=True, hardware=True)
     plan.add_argument("--mp", type=int, help="only this MP degree (default: every one dividing the heads and a node)")
     plan.add_argument("--global-batch", type=int, help="sequences per step = micro-batch x dp x grad-accum")
     plan.add_argument("--top", type=int, default=5, help="layouts shown, and checked with --verify")
@@ -323,12 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
-            allocator.use(args.allocator, args.argv)
+            allocator.use(args.allocator)
         return args.fn(args)
     except ConfigError as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
         if args.command in ("run", "trace", "model") and args.out:
-            _write_infeasible(args, exc)
+            write_record(infeasible.record(args.command, vars(args), exc), args.out)
             return 0
         return 2
 

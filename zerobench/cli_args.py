@@ -1,12 +1,12 @@
 """The trial flags of `zerobench run`, `trace`, `model`, `estimate` and `peers`, made from the
-trial fields (zerobench/engine/fields.py), and those fields' flags for a command of its own
+trial fields (zerobench/trial/fields.py), and those fields' flags for a command of its own
 (`plan`); argparse only."""
 
 from __future__ import annotations
 
 import argparse
 
-from zerobench.engine.fields import FIELDS, takes
+from zerobench.trial.fields import FIELDS, takes
 
 GROUPS = {
     "model": "model",
@@ -21,7 +21,7 @@ GROUPS = {
 
 
 def trial_args(p: argparse.ArgumentParser, command: str) -> None:
-    """The flags of every trial field `command` takes (zerobench/engine/fields.py), in sections."""
+    """The flags of every trial field `command` takes (zerobench/trial/fields.py), in sections."""
     groups = {}
     for f in FIELDS.values():
         if not takes(command, f.name):

@@ -1,4 +1,4 @@
-"""Records on disk (one JSON object each; the columns are zerobench/engine/trial.py's `TrialRecord`) and
+"""Records on disk (one JSON object each; the columns are zerobench/trial/record.py's `TrialRecord`) and
 the paper's reference numbers. This module imports no torch, so the workflow's aggregate and
 report steps stay light.
 """

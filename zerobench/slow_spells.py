@@ -1,5 +1,5 @@
 """The slow-spell rule, written once: how fast a host ran for a trial against a reference (two
-lists of host-probe readings, engine/runtime/probe.py takes them), and when that is a slow spell.
+lists of host-probe readings, runtime/probe.py takes them), and when that is a slow spell.
 A shared host has slow spells of a minute or more; a run in one is set aside by the tables
 (artifacts/host_speed.py, artifacts/superlinear.py) and run again by `zerobench run`
 (`rerun_if_slow`). Torch-free.

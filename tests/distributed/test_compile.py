@@ -16,9 +16,9 @@ from zerobench.engine.compile import compiled
 from zerobench.engine.config import ConfigError, TrainConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.train import build_model
-from zerobench.engine.trial import configs
+from zerobench.runtime.train import build_model
 from zerobench.sweeps.sheets import trial_id
+from zerobench.trial import configs
 
 
 def _with_compile(spec, value: str):

@@ -18,9 +18,9 @@ from tests.worlds import threaded
 from zerobench.engine.config import ConfigError, PrecisionConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime import faults
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime import faults
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.train import build_engine, train_steps
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -105,7 +105,7 @@ def _overflow_on_rank1(rank, spec):
 
     hook = wte.register_hook(poison) if rank == 1 else None
     tokens = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(1, spec.global_batch)
-    (x, y), *_ = micro_batches(tokens, 1, ctx.dp.size, ctx.dp.rank)
+    (x, y), *_ = micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank)
     engine.backward(engine.model(x, y))
     stepped = engine.step()
     after = (engine.full_parameters(), states(), float(opt.steps[0]), engine.scaler.scale)

@@ -14,8 +14,8 @@ from zerobench import cli
 from zerobench.engine.config import ZERO_CONFIGS, ConfigError, ParallelConfig, preset
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.train import build_engine, train_steps
 from zerobench.perfmodel import network
+from zerobench.runtime.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}
 ODD_VOCAB = preset("tiny").with_overrides(layers=3, seq=24, vocab=997)  # 997 is prime: padded for every mp
@@ -71,7 +71,7 @@ def _norm_and_pad(rank, spec):
 def _reference_norms(spec):
     """Gradient norms of the single-process run (clip_grad_norm_ returns the total norm)."""
     from zerobench.engine.model import GPT
-    from zerobench.engine.runtime.batches import SyntheticTokens
+    from zerobench.runtime.batches import SyntheticTokens
 
     t = spec.train
     model = GPT(spec.model)

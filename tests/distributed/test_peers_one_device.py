@@ -14,8 +14,8 @@ import torch
 from tests.engine_cases import spec_for
 from zerobench import cli
 from zerobench.checks import gpu_driver
-from zerobench.engine.trial import configs
 from zerobench.peers import harness, ours, plain, runner, summary
+from zerobench.trial import configs
 
 
 def _spec(model="awkward", **train):

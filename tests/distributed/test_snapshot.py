@@ -14,9 +14,9 @@ from zerobench.engine.config import preset
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime import snapshot
-from zerobench.engine.runtime.snapshot import CheckpointError
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime import snapshot
+from zerobench.runtime.snapshot import CheckpointError
+from zerobench.runtime.train import build_engine, train_steps
 
 STATES = ("master", "exp_avg", "exp_avg_sq")
 

@@ -9,8 +9,8 @@ from tests.engine_cases import spec_for
 from tests.worlds import threaded
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.trace import trace_step
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime.trace import trace_step
+from zerobench.runtime.train import build_engine, train_steps
 
 LEDGER_KEYS = ("calls", "elements", "bytes", "volume_elements", "volume_bytes")
 

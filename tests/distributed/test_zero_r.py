@@ -6,14 +6,13 @@ import torch
 
 from tests.engine_cases import clone, engine_run, reference_run, rel_err, spec_for
 from tests.worlds import threaded
-from zerobench import cli, memory
-from zerobench.engine import trial
+from zerobench import cli, memory, trial
 from zerobench.engine.config import ZERO_CONFIGS
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.train import build_engine, train_steps
 from zerobench.engine.zero.activations import checkpoint_store
 from zerobench.engine.zero.buffers import AllocationCounter, largest_bucket_bytes
+from zerobench.runtime.train import build_engine, train_steps
 
 DP, MP, B = 2, 2, 2
 SWITCHES = {

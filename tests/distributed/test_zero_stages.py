@@ -11,7 +11,7 @@ from tests.engine_cases import engine_run, reference_run, rel_err, spec_for, who
 from tests.worlds import spawned, threaded
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime.train import build_engine, train_steps
 
 PGK = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 

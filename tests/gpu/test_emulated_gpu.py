@@ -1,4 +1,4 @@
-"""One emulated rank on a GPU (engine/runtime/emulate.py), and the one compiled GPU test. Skipped
+"""One emulated rank on a GPU (runtime/emulate.py), and the one compiled GPU test. Skipped
 without CUDA; run by scripts/gpu_check.sh."""
 
 import dataclasses
@@ -9,8 +9,8 @@ import torch
 
 from tests.engine_cases import engine_run, spec_for
 from zerobench.checks.card import cuda_only_bytes
-from zerobench.engine.runtime.emulate import emulate
-from zerobench.engine.runtime.trace import trace_step
+from zerobench.runtime.emulate import emulate
+from zerobench.runtime.trace import trace_step
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,11 +14,11 @@ from zerobench.clock import EventMarks, device_clock
 from zerobench.engine.config import PrecisionConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms, Ledger
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.engine.runtime.launch import run_trial
-from zerobench.engine.runtime.trace import trace_record
-from zerobench.engine.runtime.train import build_engine, train_steps
-from zerobench.engine.trial import TrialSpec
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.launch import run_trial
+from zerobench.runtime.trace import trace_record
+from zerobench.runtime.train import build_engine, train_steps
+from zerobench.trial import TrialSpec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -63,7 +63,7 @@ def test_bf16_compute_tracks_fp32():
 
 
 def test_measured_record_has_cuda_statistics_and_the_trace_bounds_its_peak(tmp_path):
-    """The peak allocated is at most the trace of the same trial (engine/runtime/trace.py: model
+    """The peak allocated is at most the trace of the same trial (runtime/trace.py: model
     states, the buckets in flight, activations and the step's temporaries, counted exactly) plus
     the allocator's slack (checks/node_check.py); and the trace is no loose bound: half the peak."""
     spec = spec_for("cpu-100m", "bf16", device="cuda", stage=2, steps=3, micro_batch=4)
@@ -98,7 +98,7 @@ def test_fp16_trains_and_an_overflow_skips_the_step():
     states = lambda: [t.clone() for t in (opt.master_flat, opt.exp_avg_flat, opt.exp_avg_sq_flat)]  # noqa: E731
     before = (engine.full_parameters(), states(), float(opt.steps[0]))
     tokens = SyntheticTokens(fp16.model.vocab, fp16.model.seq, 0).global_batch(99, fp16.global_batch).to(device)
-    (x, y), *_ = micro_batches(tokens, 1, 1, 0)
+    (x, y), *_ = micro_batches(tokens, micro_batch=fp16.train.micro_batch, dp=1, dp_rank=0)
     engine.backward(engine.model(x, y) * 1e6)
     assert engine.step() is False
     after = (engine.full_parameters(), states(), float(opt.steps[0]))

@@ -16,14 +16,14 @@ from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.trace import trace_record
-from zerobench.engine.runtime.train import build_engine
-from zerobench.engine.trial import TrialSpec
-from zerobench.engine.zero import apply_zero
+from zerobench.engine.zero.apply import apply_zero
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import breakdown
 from zerobench.perfmodel.hardware import PROFILES
 from zerobench.perfmodel.predict import estimate_text
+from zerobench.runtime.trace import trace_record
+from zerobench.runtime.train import build_engine
+from zerobench.trial import TrialSpec
 
 GB = 1e9
 

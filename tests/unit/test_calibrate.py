@@ -372,7 +372,7 @@ def test_model_vs_measured_rows_from_a_record():
         num_params=1000, step_time_s=0.5, step_time_min_s=0.4, step_time_max_s=0.6, rss_growth_bytes=64 * 2**20,
         comm={"reduce_scatter/dp": {"seconds": 0.2}, "all_gather/dp": {"seconds": 0.1}},
     )  # fmt: skip
-    # the step judged on the system allocator, the memory on jemalloc (zerobench/engine/runtime/allocator.py)
+    # the step judged on the system allocator, the memory on jemalloc (zerobench/runtime/allocator.py)
     jemalloc = dict(record, allocator="jemalloc")
     df = model_vs_measured([record, jemalloc, dict(record, status="oom", error="over budget")], CPU)
     assert len(df) == 3

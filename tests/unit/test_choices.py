@@ -14,12 +14,12 @@ import pytest
 from zerobench.artifacts import choice_readings, claims, registry
 from zerobench.artifacts.claim_readers import cell
 from zerobench.artifacts.tables import record_paths
-from zerobench.engine.fields import IMPLEMENTATIONS
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
 from zerobench.perfmodel.implementation import PROFILES
 from zerobench.results import read_record
 from zerobench.sweeps import sheets
+from zerobench.trial.fields import IMPLEMENTATIONS
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 RUNS = RESULTS / "runs"
@@ -149,10 +149,10 @@ def test_the_h200_rows_gather_host_s_moves_are_the_ones_it_names(tmp_path, monke
 
 
 def test_model_takes_the_implementation_field_and_the_record_names_it():
-    from zerobench.sweeps.groups import modelled_record
+    from zerobench.sources import modelled
 
     base = dict(model="gpt-100b", gpus=1536, stage=3, micro_batch=1, checkpoint_activations=True,
                 hardware="a100-80gb", precision="fp16")  # fmt: skip
-    listed, flat = modelled_record({**base, "implementation": "deepspeed-0.3"}), modelled_record(base)
+    listed, flat = modelled.record({**base, "implementation": "deepspeed-0.3"}), modelled.record(base)
     assert (listed["implementation"], flat["implementation"]) == ("deepspeed-0.3", "efficient")
     assert listed["tflops_per_gpu"] < flat["tflops_per_gpu"]  # list-form host work waited on

@@ -20,8 +20,8 @@ from zerobench.clock import EventMarks, HostMarks
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms, Ledger
 from zerobench.engine.parallel.topology import Group
-from zerobench.engine.runtime.trace import fake_world, trace_step
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime.trace import fake_world, trace_step
+from zerobench.runtime.train import build_engine, train_steps
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 COMPUTE, TRANSFER = 0.2, 0.05  # seconds of simulated device work: queued compute, a collective

@@ -80,21 +80,37 @@ def test_cli_rejects_bad_input_with_exit_2(argv, field, capsys):
 
 
 def test_every_field_that_sets_an_attribute_reaches_it():
-    """A trial field is one row (engine/fields.py): its `sets` reaches the config without a line of
-    its own in trial.configs, its `column` is a record column."""
-    from zerobench.engine.fields import FIELDS, MiB
-    from zerobench.engine.trial import COLUMNS, configs
+    """A trial field is one row (trial/fields.py): one that `sets` its attribute reaches the config
+    without a line of its own in trial.configs, its `column` is a record column."""
+    from zerobench.trial import COLUMNS, configs
+    from zerobench.trial.fields import FIELDS, MiB
 
-    built = dict(zip(("parallel", "train"), configs({"model": "tiny", "dp": 2})[1::2]))
+    built = configs({"model": "tiny", "dp": 2})
     for name, f in FIELDS.items():
         if f.sets:
             if f.choices:
                 value = next(c for c in f.choices if c != f.default and c != "auto")
             else:
                 value = 2 if f.kind is int else 2.5  # off every default, valid for every such field
-            config, attribute = f.sets.split(".")
-            got = getattr(dict(zip(("parallel", "train"), configs({"model": "tiny", name: value})[1::2]))[config],
-                          attribute)  # fmt: skip
+            got = f.attribute.of(*configs({"model": "tiny", name: value}))
             assert got == (int(value * MiB) if f.unit else value), name
-            assert got != getattr(built[config], attribute), name
-    assert {f.column[0] for f in FIELDS.values() if f.column} <= set(COLUMNS)
+            assert got != f.attribute.of(*built), name
+    assert {f.column for f in FIELDS.values() if f.column} <= set(COLUMNS)
+
+
+def test_a_field_is_its_config_attribute():
+    """The attribute is the flag: a field made from a config dataclass's field takes its name, type,
+    default and help from the dataclass (a MiB flag its bytes / MiB), so none is written twice."""
+    import dataclasses
+
+    from zerobench.engine.config import ParallelConfig, TrainConfig
+    from zerobench.trial.fields import FIELDS, MiB
+
+    micro, bucket = FIELDS["micro_batch"], FIELDS["bucket_mb"]
+    assert (micro.attribute.config, micro.attribute.name, micro.kind) == (TrainConfig, "micro_batch", int)
+    assert micro.default == TrainConfig().micro_batch and micro.help == "sequences per DP rank per micro-step"
+    assert (bucket.attribute.name, bucket.column, bucket.kind) == ("bucket_bytes", "bucket_bytes", float)
+    assert bucket.default == ParallelConfig().bucket_bytes / MiB and bucket.help.endswith("(MiB)")
+    flagged = {f.attribute.field for f in FIELDS.values() if f.attribute}
+    helped = {f for c in (ParallelConfig, TrainConfig) for f in dataclasses.fields(c) if "help" in f.metadata}
+    assert helped <= flagged  # no help on the dataclass that no flag reads

@@ -19,12 +19,12 @@ from zerobench.cli import parser
 from zerobench.clock import device_clock
 from zerobench.engine.config import ModelConfig, TrainConfig
 from zerobench.engine.model import GPT
-from zerobench.engine.runtime.devices import StepTimer
-from zerobench.engine.trial import configs
 from zerobench.engine.zero import optimizer
 from zerobench.engine.zero.activations import CheckpointStore
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
+from zerobench.runtime.devices import StepTimer
+from zerobench.trial import configs
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 TRANSFER = 0.05  # seconds of stand-in device work queued

@@ -1,4 +1,4 @@
-"""One emulated rank (engine/runtime/emulate.py): its tensor bytes equal the trace's byte for byte
+"""One emulated rank (runtime/emulate.py): its tensor bytes equal the trace's byte for byte
 at any world size, every stage, with MP and ZeRO-R; its values stay finite and its fp16 steps are
 not skipped; its collectives are priced and placed (perfmodel/replay.py); bad input writes nothing."""
 
@@ -14,11 +14,11 @@ from zerobench import cli
 from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.counter import LiveCounter
-from zerobench.engine.runtime.emulate import check, emulate
-from zerobench.engine.runtime.trace import build_counted, counted_step, rank_micro_batches, trace_step
 from zerobench.engine.zero.buffers import no_reuse
 from zerobench.perfmodel.replay import stall_s
+from zerobench.runtime.counter import LiveCounter
+from zerobench.runtime.emulate import check, emulate
+from zerobench.runtime.trace import build_counted, counted_step, rank_micro_batches, trace_step
 
 LEDGER_KEYS = ("calls", "elements", "bytes", "volume_elements", "volume_bytes")
 MEMORY = ("param", "grad", "optimizer")

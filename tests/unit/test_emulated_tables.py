@@ -3,10 +3,10 @@
 choices says of the modelled row of the same key; Fig 3 keeps the modelled line beside it."""
 
 from zerobench.artifacts import emulated_tables
-from zerobench.engine.trial import TrialSpec, configs
 from zerobench.perfmodel.choices import fitted_rows
 from zerobench.sweeps import sheets
 from zerobench.sweeps.groups import model_trial
+from zerobench.trial import TrialSpec, configs
 
 
 def _pairs(name: str) -> list[tuple[dict, dict]]:

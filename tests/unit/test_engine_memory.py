@@ -12,15 +12,15 @@ import os
 
 import pytest
 
-from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.engine.runtime.trace import trace_step
-from zerobench.engine.trial import TrialSpec, configs
+from zerobench.engine.config import PAPER_BUCKET, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES
+from zerobench.runtime.trace import trace_step
+from zerobench.trial import TrialSpec, configs
 
 V100 = PROFILES["v100-32gb-dgx2"]
 CPU_HOST = dataclasses.replace(V100, ranks_share_compute=True)  # computes in fp32
-PAPER_BUCKET = 667.572021484375  # MiB: the paper's C_B
+PAPER_BUCKET_MB = PAPER_BUCKET / 2**20  # the paper's C_B
 SMALL = ModelConfig(layers=3, hidden=128, heads=4, seq=64, vocab=4096, name="mem-check")
 
 
@@ -71,7 +71,7 @@ OTHER = [
 
 @pytest.mark.parametrize("case", PAPER + OTHER, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_the_model_is_the_traced_engine(case):
-    fields = {"bucket_mb": PAPER_BUCKET, "precision": "fp16", "checkpoint_activations": True, "layers": 3}
+    fields = {"bucket_mb": PAPER_BUCKET_MB, "precision": "fp16", "checkpoint_activations": True, "layers": 3}
     m, p, pr, tr = configs({"command": "trace", "device": "cuda", **fields, **case})
     _check(TrialSpec(m, p, pr, tr), V100)
 
@@ -110,7 +110,7 @@ TABLE = [
 def test_the_issue_table_at_full_scale(name, case, gib):
     if os.environ.get("CI") != "true":
         pytest.skip("full scale, 3-20 s: CI runs it (CI=true)")
-    fields = {"bucket_mb": PAPER_BUCKET, "precision": "fp16", "checkpoint_activations": True}
+    fields = {"bucket_mb": PAPER_BUCKET_MB, "precision": "fp16", "checkpoint_activations": True}
     m, p, pr, tr = configs({"command": "trace", "device": "cuda", **fields, **case})
     peak = _check(TrialSpec(m, p, pr, tr), V100)
     assert tensor_peak(peak) / 2**30 == pytest.approx(gib, abs=1e-3)  # the table in docs/perfmodel.md
@@ -119,7 +119,7 @@ def test_the_issue_table_at_full_scale(name, case, gib):
 def test_offloading_moves_the_checkpoints_off_the_device():
     """C5 sits below C4 by the checkpoints P_a+cpu keeps on the host, less the one chunk staged back
     for the rebuilt block (the trace's test_offloaded_checkpoints_leave_the_device, in the model)."""
-    fields = {"bucket_mb": PAPER_BUCKET, "precision": "fp16", "checkpoint_activations": True}
+    fields = {"bucket_mb": PAPER_BUCKET_MB, "precision": "fp16", "checkpoint_activations": True}
     peaks = {}
     for c in ("C4", "C5"):
         m, p, pr, tr = configs({"command": "trace", "device": "cuda", "model": "gpt-100b", "gpus": 400, "mp": 16,

@@ -8,11 +8,10 @@ import re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerobench import cli
-from zerobench.engine import trial
+from zerobench import cli, trial
 from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.engine.fields import FIELDS as TRIAL_FIELDS
-from zerobench.engine.trial import TrialSpec
+from zerobench.trial import TrialSpec
+from zerobench.trial.fields import FIELDS as TRIAL_FIELDS
 
 EXAMPLES = 550  # per fuzzer; each must try at least MIN_TRIED, so a run fuzzes >= 1000 configurations
 MIN_TRIED = 500

@@ -1,5 +1,5 @@
 """A record's `git_rev` names the project's own checkout, never a repository around a copy of the
-tree (zerobench/engine/trial.py `git_revision`)."""
+tree (zerobench/trial/record.py `git_revision`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TRIAL = Path(__file__).resolve().parents[2] / "zerobench" / "engine" / "trial.py"
+RECORD = Path(__file__).resolve().parents[2] / "zerobench" / "trial" / "record.py"
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -21,13 +21,13 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def _project(where: Path, pyproject: bool = True):
-    """A copy of trial.py at where/zerobench/engine/trial.py, loaded as a module of its own."""
-    (where / "zerobench" / "engine").mkdir(parents=True)
-    shutil.copy(TRIAL, where / "zerobench" / "engine" / "trial.py")
+    """A copy of record.py at where/zerobench/trial/record.py, loaded as a module of its own."""
+    (where / "zerobench" / "trial").mkdir(parents=True)
+    shutil.copy(RECORD, where / "zerobench" / "trial" / "record.py")
     if pyproject:
         (where / "pyproject.toml").write_text("[project]\nname = 'copy'\n")
     name = f"trial_copy_{abs(hash(where))}"
-    spec = importlib.util.spec_from_file_location(name, where / "zerobench" / "engine" / "trial.py")
+    spec = importlib.util.spec_from_file_location(name, where / "zerobench" / "trial" / "record.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # its dataclasses look their module up there
     try:

@@ -14,13 +14,13 @@ import pytest
 
 from zerobench.checks import gpu_check
 from zerobench.engine.config import PRESETS, ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.engine.trial import configs
 from zerobench.perfmodel import host_cost
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import breakdown, usable_bytes
 from zerobench.perfmodel.hardware import PROFILES
 from zerobench.perfmodel.predict import predict
 from zerobench.perfmodel.profile_file import from_dict, to_dict
+from zerobench.trial import configs
 
 H200 = Path(__file__).resolve().parents[2] / "results" / "gpu" / "h200"
 MiB = 2**20

@@ -8,10 +8,10 @@ import torch
 
 from tests.engine_cases import spec_for
 from zerobench.engine.config import ConfigError
-from zerobench.engine.runtime import launch
-from zerobench.engine.runtime.emulate import _cap, eager_unless_asked
 from zerobench.gpus import profile_of
 from zerobench.perfmodel.engine_memory import outside_allocator_bytes
+from zerobench.runtime import launch
+from zerobench.runtime.emulate import _cap, eager_unless_asked
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_an_emulated_rank_is_eager_unless_compiling_is_asked_for():
 
 def test_an_emulated_gpu_rank_loses_what_its_card_holds_outside_the_allocator(monkeypatch):
     """A V100 rank's 32 GiB budget: its allocator gets 32 GiB less the CUDA context and NCCL's
-    communicators (perfmodel/engine_memory.py, passed in by sweeps/emulated.py), not all of it."""
+    communicators (perfmodel/engine_memory.py, passed in by sources/emulated.py), not all of it."""
     fractions = []
     props = type("Props", (), {"total_memory": 80 * 2**30, "name": "NVIDIA H100 80GB HBM3"})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)

@@ -1,5 +1,5 @@
 """The RSS measurement behind measured CPU trials' memory caps: after `reset_peak_rss`, the peak
-counts only what was allocated since (zerobench/engine/runtime/train.py checks the cap against that growth)."""
+counts only what was allocated since (zerobench/runtime/train.py checks the cap against that growth)."""
 
 from __future__ import annotations
 

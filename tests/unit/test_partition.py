@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from zerobench.engine.zero.partition import FlatLayout, coalesce
+from zerobench.engine.zero.optimizer import coalesce
+from zerobench.engine.zero.partition import FlatLayout
 
 SHAPES = [("a", (3, 5)), ("b", (7,)), ("c", (4, 4)), ("d", (1,)), ("e", (10,))]
 

@@ -116,8 +116,8 @@ def test_no_layout_that_fits_names_the_gpus():
 def test_verify_trace_drops_a_layout_the_trace_says_does_not_fit():
     """The first layout checked is traced for real and made one byte over its card (a construction
     the model knows nothing of): it is dropped, the next is traced and kept, the rest ranked again."""
-    from zerobench.engine.runtime.trace import trace_record  # imports torch
     from zerobench.plan.verify import verify
+    from zerobench.runtime.trace import trace_record  # imports torch
 
     model = ModelConfig(layers=2, hidden=64, heads=4, seq=32, vocab=256, name="tiny")
     req = PlanRequest(model, 2, "a100-80gb", global_batch=4, top=1)

@@ -19,8 +19,8 @@ from tests.unit.test_calibrate import CPU
 from zerobench import slow_spells
 from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel import topology
-from zerobench.engine.runtime import probe, train
 from zerobench.perfmodel import profile_file
+from zerobench.runtime import probe, train
 
 S = 2**25  # copy bytes of every hand-made reading
 CAL = ((512, S, 100e9, 5e9), (512, S, 100e9, 5e9))  # the calibration's readings: 100 GFLOP/s, 5 GB/s

@@ -1,10 +1,10 @@
-"""zerobench.engine.runtime.slurm_env: SLURM's task variables -> torch's env:// rendezvous (no processes, no torch)."""
+"""zerobench.runtime.slurm_env: SLURM's task variables -> torch's env:// rendezvous (no processes, no torch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from zerobench.engine.runtime.slurm_env import PORT_BASE, PORT_SPAN, torch_env
+from zerobench.runtime.slurm_env import PORT_BASE, PORT_SPAN, torch_env
 
 STEP = {
     "SLURM_JOB_ID": "41234",

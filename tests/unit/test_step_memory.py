@@ -12,11 +12,11 @@ from tests.worlds import threaded
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, preset
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches, token_source
-from zerobench.engine.runtime.trace import trace_record, traced_engine
-from zerobench.engine.runtime.train import build_engine
-from zerobench.engine.trial import TrialSpec
 from zerobench.engine.zero.optimizer import clip_, global_grad_norm
+from zerobench.runtime.batches import SyntheticTokens, micro_batches, token_source
+from zerobench.runtime.trace import trace_record, traced_engine
+from zerobench.runtime.train import build_engine
+from zerobench.trial import TrialSpec
 
 ROW = 4096  # elements per row of the norm's fp32 partial sums (zero/optimizer.py)
 
@@ -25,7 +25,11 @@ def _step_temporary(spec) -> tuple[int, list[int], int]:
     """Traced: the bytes the step alone allocates at its high-water mark (beyond what backward
     left alive), the elements of each gradient piece, and Ψ."""
     data = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed)
-    mbs = list(micro_batches(data.global_batch(0, spec.global_batch), spec.train.grad_accum, spec.parallel.dp, 0))
+    mbs = list(
+        micro_batches(
+            data.global_batch(0, spec.global_batch), micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=0
+        )
+    )
     with traced_engine(spec) as (engine, _, _, counter):
         for i, (x, y) in enumerate(mbs):
             counter.phase = "activation"
@@ -93,7 +97,7 @@ def _steps_alike(rank: int, spec) -> None:
     ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
     engine = build_engine(spec, ctx, Comms(), torch.device("cpu"))
     tokens = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(0, spec.global_batch)
-    x, y = next(micro_batches(tokens, 1, ctx.dp.size, ctx.dp.rank))
+    x, y = next(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank))
     engine.backward(engine.model(x, y))
     old = copy.deepcopy(engine.optimizer)
     grads = [g.float().div_(engine.scaler.scale) for g in engine.grad_pieces]

@@ -1,4 +1,4 @@
-"""The traced step (zerobench/engine/runtime/trace.py) and Table 1 from three routes (zerobench/artifacts/table1.py)."""
+"""The traced step (zerobench/runtime/trace.py) and Table 1 from three routes (zerobench/artifacts/table1.py)."""
 
 from decimal import Decimal
 
@@ -12,9 +12,9 @@ from zerobench.artifacts.table1 import MODELS, printed, table1, traced_cells
 from zerobench.checks.table1_trace import traced_state_bytes
 from zerobench.engine.config import ParallelConfig, PrecisionConfig
 from zerobench.engine.model import GPT
-from zerobench.engine.runtime.counter import StorageCounter
-from zerobench.engine.runtime.trace import fake_world, trace_record, trace_states, trace_step
-from zerobench.engine.trial import TrialSpec, configs
+from zerobench.runtime.counter import StorageCounter
+from zerobench.runtime.trace import fake_world, trace_record, trace_states, trace_step
+from zerobench.trial import TrialSpec, configs
 
 
 def test_counter_files_bytes_by_category_and_keeps_the_peak():

@@ -1,4 +1,4 @@
-"""Sheets of trials (zerobench/sweeps/sheets.py), the largest-that-fits policy (zerobench/sweeps/search.py),
+"""Sheets of trials (zerobench/sweeps/sheets.py), the largest-that-fits policy (zerobench/trial/policy.py),
 modelled groups in one process (zerobench/sweeps/groups.py) and a paper sheet planned on SLURM as
 measured trials."""
 
@@ -22,7 +22,7 @@ from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import max_micro_batch
 from zerobench.sweeps import groups as sweep
 from zerobench.sweeps import sheets
-from zerobench.sweeps.search import largest_that_fits
+from zerobench.trial.policy import largest_that_fits
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -98,24 +98,60 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 
 
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
-    """The CLI's loop around the trial runner: each attempt a run; here a stand-in runner whose
-    budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
-    from zerobench.engine.trial import new_record
+    """The measured source's loop around the trial runner: each attempt a run; here a stand-in
+    runner whose budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
     from zerobench.results import read_record
+    from zerobench.sources import measured
+    from zerobench.trial import new_record
 
     ran = []
 
-    def run_once(args, spec, listed):
+    def run_once(values, argv, spec, listed):
         batch = spec.train.micro_batch
         ran.append(batch)
         return new_record("measured", status="ok" if batch <= 5 else "oom", micro_batch=batch)
 
-    monkeypatch.setattr(cli, "_run_once", run_once)
+    monkeypatch.setattr(measured, "_run_once", run_once)
     out = tmp_path / "r.json"
     assert cli.main(["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--out", str(out)]) == 0
     record = read_record(out)
     assert record["micro_batch"] == 5 and record["listed_micro_batch"] == 16 and ran[0] == 16
     assert record["attempts"] == [[b, "ok" if b <= 5 else "oom"] for b in ran]
+
+
+def test_a_run_at_its_listed_size_never_enters_the_search(monkeypatch):
+    """`micro_batch_policy: listed` (the default): one attempt at the listed micro-batch, straight
+    from the flag to the runner, the search not called."""
+    from zerobench.sources import measured
+    from zerobench.trial import new_record, policy
+
+    def no_search(*_):
+        raise AssertionError("the search ran for a listed trial")
+
+    ran = []
+
+    def run_once(values, argv, spec, listed):
+        ran.append(spec.train.micro_batch)
+        return new_record("measured", micro_batch=spec.train.micro_batch)
+
+    monkeypatch.setattr(policy, "search", no_search)
+    monkeypatch.setattr(measured, "_run_once", run_once)
+    assert cli.main(["run", "--micro-batch", "7"]) == 0 and ran == [7]
+
+
+def test_the_paper_bucket_is_named_once_and_resolved_before_the_trial_id():
+    """`bucket_mb: paper` is the paper's C_B (engine/config.py PAPER_BUCKET), in MiB, before the
+    trial's id and flags are made; a word the field does not know is refused, naming it."""
+    from zerobench.engine.config import PAPER_BUCKET
+
+    group = dict(source="modelled", base=dict(model="gpt-8b", gpus=64, bucket_mb="paper"))
+    (trial,) = sheets.expand_group(group)
+    assert trial["bucket_mb"] * 2**20 == PAPER_BUCKET == 700_000_000
+    assert "-cb667.572021484375" in sheets.trial_id(trial)
+    flags = sheets.trial_flags(trial)
+    assert flags[flags.index("--bucket-mb") + 1] == "667.572021484375"
+    with pytest.raises(ConfigError, match="bucket_mb='papr'"):
+        sheets.expand_group(dict(group, base=dict(group["base"], bucket_mb="papr")))
 
 
 def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
@@ -177,10 +213,11 @@ def test_committed_paper_records_join_their_sheets():
 
 def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
     """Under --time-limit each attempt is a child process: its flags pin the attempt's size."""
-    from zerobench.sweeps.search import at_size, listed_flags
+    from zerobench.sources import measured
+    from zerobench.trial.policy import at_size, listed_flags
 
     argv = ["run", "--micro-batch", "16", "--micro-batch-policy", "largest_fits", "--layers", "8"]
-    listed = cli._trial_spec(cli.parser().parse_args(argv))
+    listed = measured.spec(vars(cli.parser().parse_args(argv)))
     child = cli.parser().parse_args([*argv, *listed_flags(at_size(listed, "micro_batch", 5), listed)])
     assert (child.micro_batch, child.micro_batch_policy) == (5, "listed")
     assert (child.layers, child.layers_policy) == (8, "listed")
@@ -218,7 +255,7 @@ def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
 
 
 def test_the_sheet_schema_is_the_field_table():
-    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/engine/fields.py
+    """workflows/schemas/sheet.schema.yaml's trial fields are made from zerobench/trial/fields.py
     (`python -m zerobench.sweeps.sheets` rewrites them after a field is added)."""
     with open(sheets.SCHEMA) as f:
         schema = yaml.safe_load(f)
@@ -235,10 +272,10 @@ def test_the_sheet_schema_is_the_field_table():
 
 
 def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
-    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/engine/fields.py: from it
+    """weight_decay, a TrainConfig field that had no flag, is one row of zerobench/trial/fields.py: from it
     the `run` flag, the sheet field, the trial-id tag and the value in the configs."""
-    from zerobench.engine.fields import FIELDS
-    from zerobench.engine.trial import configs
+    from zerobench.trial import configs
+    from zerobench.trial.fields import FIELDS
 
     assert FIELDS["weight_decay"].default == 0.0  # TrainConfig's own default
     args = cli.parser().parse_args(["run", "--weight-decay", "0.1"])

@@ -17,10 +17,10 @@ import pandas as pd
 
 from zerobench.artifacts import vs_measured as vs
 from zerobench.artifacts.common import error_pct, memory_band, state_bytes
-from zerobench.engine.fields import MiB
 from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.stages import STAGE_LABELS
+from zerobench.trial.fields import MiB
 
 
 def measured_largest(trials: pd.DataFrame, cap: float) -> tuple[float | None, str]:

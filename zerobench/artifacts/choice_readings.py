@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from zerobench.engine.fields import FIELDS
 from zerobench.perfmodel.choices import CHOICES, reversible
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.sweeps.groups import model_trial
+from zerobench.trial.fields import FIELDS
 
 Pairs = list[tuple[dict, dict]]
 

@@ -1,5 +1,5 @@
 """Fig 3's mechanism (paper §10.3) where it acts, one rank at a time: each N_d is one rank of that
-world emulated on one core (`source: emulated`, engine/runtime/emulate.py), at the largest
+world emulated on one core (`source: emulated`, runtime/emulate.py), at the largest
 micro-batch whose tensor peak fits the per-rank budget, its collectives priced by the calibrated
 model and placed where the engine issues them (perfmodel/replay.py). No two ranks share the
 host, so the per-rank line is what the paper's ranks saw: the batch gain, less the collectives'
@@ -21,10 +21,10 @@ import dataclasses
 import pandas as pd
 
 from zerobench.artifacts.common import error_pct, paper
-from zerobench.engine.trial import TrialSpec, configs
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.predict import predict
 from zerobench.stages import STAGE_LABELS
+from zerobench.trial import TrialSpec, configs
 
 FIG3_GPUS = (64, 128, 256, 400)  # MP 16: N_d 4, 8, 16, 25
 

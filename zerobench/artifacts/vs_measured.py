@@ -3,7 +3,7 @@ steps of `zerobench run` (workflows/config/sheets/model_vs_measured.yaml).
 
 Per measured trial one row: on the system allocator the predicted step time against the median
 over the trial's runs (the sheet's `repeat`) of each run's median step, on jemalloc the predicted
-peak memory against the measured peak RSS growth of the worst rank (zerobench/engine/runtime/allocator.py says
+peak memory against the measured peak RSS growth of the worst rank (zerobench/runtime/allocator.py says
 why each metric is taken on its allocator); beside them the model's breakdown (compute, DP and MP
 collectives, optimizer) and the seconds the ledger measured in collectives per step. `expected`
 is the measurement, `ours` the prediction, `error_pct` 100·(ours − expected)/expected.

@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
-from zerobench.engine.runtime import allocator
 from zerobench.perfmodel import network, predict
 from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
+from zerobench.runtime import allocator
 
 # The MP step benchmark's models: tiny's 2 layers and vocabulary at (hidden, seq, micro-batch),
 # whose activation all-reduces are 128-512 KiB (where the measured curve is flat) and whose compute

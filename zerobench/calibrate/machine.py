@@ -48,10 +48,10 @@ from zerobench.clock import device_clock
 from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.parallel.topology import Group
-from zerobench.engine.runtime import probe
-from zerobench.engine.runtime.devices import hardware_profile
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
+from zerobench.runtime import probe
+from zerobench.runtime.devices import hardware_profile
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
 # Calls per message size, and the time kept is their mean, not their median: a step pays every

@@ -1,6 +1,6 @@
 """The card a GPU check runs on, and which trials fit it by their trace.
 
-The card decides what is checked: a trial is planned only where its trace (engine/runtime/trace.py,
+The card decides what is checked: a trial is planned only where its trace (runtime/trace.py,
 made with the trial's own device, so on a GPU with 16-bit compute) plus the caching allocator's
 slack fits what the card leaves the allocator: its memory less the CUDA context and NCCL's
 communicators (perfmodel/engine_memory.py). A trial that does not fit is skipped, and the check

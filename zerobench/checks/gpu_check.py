@@ -35,10 +35,10 @@ from pathlib import Path
 
 from zerobench import results
 from zerobench.checks.card import CARD_ENV, Card, bound_bytes, misfit
-from zerobench.engine.fields import FIELDS, takes
-from zerobench.engine.trial import configs
 from zerobench.perfmodel import model_record, profile_file
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
+from zerobench.trial import configs
+from zerobench.trial.fields import FIELDS, takes
 
 CLI_ENV = "GPU_CHECK_CLI"  # a command standing in for `python -m zerobench.cli` (a rehearsal on a CPU)
 PRESETS = ("dp-6b", "gpt-1.5b")  # dp-6b first: the larger, and the one the peak gate reads
@@ -51,7 +51,7 @@ PREDICTED = {"tflops_per_gpu": "tflops", "peak_allocated_bytes": "peak_bytes"}
 
 
 def trial(model: str, stage: int, micro_batch: int) -> dict:
-    """The trial's fields (zerobench/engine/fields.py): what `zerobench run` is given and what the model
+    """The trial's fields (zerobench/trial/fields.py): what `zerobench run` is given and what the model
     predicts, from the same mapping."""
     # eager: a compile per trial, each in a process of its own, would spend the check's time
     # compiling cold (the GPU tests compile once, in one test)

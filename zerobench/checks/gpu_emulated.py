@@ -26,9 +26,9 @@ from zerobench import results
 from zerobench.checks.card import CARD_ENV, Card, cuda_only_bytes, misfit
 from zerobench.checks.gpu_check import run_cli
 from zerobench.engine.config import preset
-from zerobench.engine.fields import takes
 from zerobench.sweeps import sheets
 from zerobench.sweeps.groups import model_trial
+from zerobench.trial.fields import takes
 
 SHEETS = ("fig3_emulated", "fig6_emulated")
 RESERVE_S = 20.0  # seconds kept for the tables and figures after the last trial

@@ -11,7 +11,7 @@ Gates:
   rank's padded parameter count; nothing else crosses the DP group but the step's scalars;
 - memory (GPU): at every speed trial whose trace fits this node's card (the others are skipped and
   said why, checks/card.py), each rank's peak allocated is at most the trace of the same trial
-  (engine/runtime/trace.py, written by `trace` before the ranks start) plus the allocator's slack.
+  (runtime/trace.py, written by `trace` before the ranks start) plus the allocator's slack.
   The device memory outside the caching allocator that the ranks' runs added (NCCL's own buffers,
   mem_get_info less the allocator's reserved) is reported beside perfmodel/engine_memory.py's
   allowance per communicator, not gated: the allowance is not a measurement.
@@ -43,13 +43,13 @@ from zerobench.checks.reference import reference_run, rel_err, whole_parameters
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.launch import classify
-from zerobench.engine.runtime.train import build_engine, measure, train_steps
-from zerobench.engine.trial import TrialSpec, configs, short_error
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.engine_memory import NCCL_COMMUNICATOR_BYTES
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
+from zerobench.runtime.launch import classify
+from zerobench.runtime.train import build_engine, measure, train_steps
 from zerobench.stages import RING_UNITS, rule
+from zerobench.trial import TrialSpec, configs, short_error
 
 GATES = ("parity", "ledger", "memory")
 RTOL = 1e-5  # fp32 against the reference: the distributed tests' tolerance (a reordered sum, ~1e-7 a step)
@@ -70,7 +70,7 @@ def parity_spec(dp: int, mp: int, stage: int, device: str) -> TrialSpec:
 
 
 def speed_values(model: str, stage: int, n: int) -> dict:
-    """A speed trial's fields (engine/fields.py): bf16, activation checkpointing, micro-batch 4;
+    """A speed trial's fields (trial/fields.py): bf16, activation checkpointing, micro-batch 4;
     eager, as the trace runs it (a compiled block keeps other tensors than the traced one)."""
     return {"model": model, "stage": stage, "dp": n, "micro_batch": 4, "precision": "bf16", "device": "cuda",
             "checkpoint_activations": True, "compile": "off", "steps": 3, "warmup": 1}  # fmt: skip
@@ -254,7 +254,7 @@ def _write(out: Path, device: str, n: int, verdict: dict, rows: list, speed_rows
 
 def trace(out: Path, n: int) -> None:
     """The trace of every speed trial (no process group may exist in this process)."""
-    from zerobench.engine.runtime.trace import trace_record  # torch._dynamo's import (~6 s): the ranks need none
+    from zerobench.runtime.trace import trace_record  # torch._dynamo's import (~6 s): the ranks need none
 
     (out / "traced").mkdir(parents=True, exist_ok=True)
     for model in SPEED_MODELS:

@@ -9,8 +9,8 @@ import torch
 
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.tensor_parallel import gather_full
-from zerobench.engine.runtime.batches import SyntheticTokens
-from zerobench.engine.trial import TrialSpec
+from zerobench.runtime.batches import SyntheticTokens
+from zerobench.trial import TrialSpec
 
 
 def reference_run(spec: TrialSpec) -> dict:

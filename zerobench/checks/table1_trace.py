@@ -1,4 +1,4 @@
-"""Table 1 traced in one process: each cell's engine built under FakeTensorMode (engine/runtime/trace.py,
+"""Table 1 traced in one process: each cell's engine built under FakeTensorMode (runtime/trace.py,
 `trace_states`: no step), its model states counted, the table written beside the formula and the
 paper's printed cells (artifacts/table1.py). The workflow traces the same cells as separate
 `zerobench trace --states-only` trials; this is the one-command route.
@@ -16,8 +16,8 @@ import pandas as pd
 
 from zerobench.artifacts.table1 import MODELS, STAGES, Cell, markdown, table1
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.engine.runtime.trace import trace_states
-from zerobench.engine.trial import TrialSpec
+from zerobench.runtime.trace import trace_states
+from zerobench.trial import TrialSpec
 
 NDS = (1, 4, 16, 64, 256, 1024)
 # traced by default (sheets/table1.yaml lists the same): a cell's trace (the engine built, no
@@ -28,7 +28,7 @@ PRECISION = PrecisionConfig(mode="bf16")  # 2 + 2 + 12 bytes per parameter (K = 
 
 
 def traced_state_bytes(model: ModelConfig, stage: int, nd: int) -> int:
-    """Per-rank model-state bytes of this engine, traced (see `zerobench.engine.runtime.trace.trace_states`)."""
+    """Per-rank model-state bytes of this engine, traced (see `zerobench.runtime.trace.trace_states`)."""
     spec = TrialSpec(model, ParallelConfig(dp=nd, stage=stage), PRECISION)
     return sum(trace_states(spec).values())
 

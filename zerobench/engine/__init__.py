@@ -1,5 +1,5 @@
-"""The ZeRO engine, readable alone (paper §5-§7): validated configs and a trial defined once
-(`config`, `fields`, `trial`), the plain GPT (`model`), parallelism below ZeRO (`parallel`), ZeRO-DP
-and ZeRO-R (`zero`), and one trial's runtime, measured or traced (`runtime`). It imports nothing
-of the reproduction tooling, only itself and the ground floor (zerobench/memory.py, flops.py,
-results.py, clock.py, gpus.py)."""
+"""The ZeRO engine, the paper's mechanism alone (paper §5-§7), readable in one sitting: validated
+configs (`config`), the plain GPT (`model`), per-block compilation (`compile`), parallelism below
+ZeRO (`parallel`), and ZeRO-DP and ZeRO-R (`zero`). It imports nothing but itself and the ground
+floor (zerobench/memory.py, flops.py, results.py, clock.py, gpus.py, stages.py): a trial's vocabulary
+lives in zerobench/trial/, the harness that runs the engine in zerobench/runtime/."""

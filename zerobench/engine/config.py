@@ -2,14 +2,15 @@
 
 Every paper model of SC20 Table IV and AE Tables 1–6 is a preset (`PRESETS`), next to tiny
 models that train on a 2-core CPU. Validation happens once, in ``__post_init__``, and every error
-names the field and the rule it broke.
+names the field and the rule it broke. An attribute a trial sets by a flag carries that flag's
+help in its `metadata` (the attribute is the flag: zerobench/trial/fields.py reads it from there).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zerobench.memory import BYTES_PER_PARAM
 from zerobench.stages import STAGES
@@ -212,17 +213,31 @@ class ParallelConfig:
     """The parallel layout (world = dp × mp), the ZeRO-DP stage and the ZeRO-R switches."""
 
     dp: int = 1
-    mp: int = 1
-    stage: int = 0  # 0 = plain DP; 1 = P_os; 2 = P_os+g; 3 = P_os+g+p (paper §5)
-    bucket_bytes: int = 25 * 2**20  # C_B: constant-size fused buffer for reductions (paper §6.2)
-    checkpoint_activations: bool = False  # one checkpoint per transformer block
-    partition_activations: bool = False  # P_a: checkpoints split across the MP group (§6.1)
-    offload_activations: bool = False  # P_a+cpu: partitioned checkpoints moved to host memory
-    contiguous_buffers: bool = False  # M_D: checkpoints and gradients in preallocated buffers
-    prefetch_bytes: int = 50 * 2**20  # stage 3: gathered-parameter bytes allowed in flight ahead
-    max_live_bytes: int = 2**33  # stage 3: gathered-parameter bytes alive at once, in use and prefetched
-    persistence_threshold: int = 0  # stage 3: tensors of <= this many elements stay whole
-    reuse_bytes: int = 0  # stage 3: hold a bucket whose next use is < this many gathered bytes ahead; 0 = 3Ψ
+    mp: int = field(default=1, metadata={"help": "tensor model-parallel degree N_m"})
+    # 0 = plain DP; 1 = P_os; 2 = P_os+g; 3 = P_os+g+p (paper §5)
+    stage: int = field(default=0, metadata={"help": "ZeRO-DP stage 0-3 (0 = plain DP)"})
+    # C_B: constant-size fused buffer for reductions (paper §6.2), bytes
+    bucket_bytes: int = field(default=25 * 2**20, metadata={"help": "C_B: fused buffer size"})
+    checkpoint_activations: bool = field(default=False, metadata={"help": "one checkpoint per block"})
+    # P_a: checkpoints split across the MP group (§6.1); P_a+cpu: those partitions moved to host memory
+    partition_activations: bool = field(default=False, metadata={"help": "P_a: split checkpoints over MP"})
+    offload_activations: bool = field(default=False, metadata={"help": "P_a+cpu: checkpoints to host"})
+    # M_D: checkpoints and gradients in preallocated buffers
+    contiguous_buffers: bool = field(default=False, metadata={"help": "M_D: preallocated contiguous buffers"})
+    # stage 3, in bytes: gathered-parameter bytes allowed in flight ahead, and alive at once (in use and prefetched)
+    prefetch_bytes: int = field(default=50 * 2**20, metadata={"help": "stage 3: gathered bytes in flight"})
+    max_live_bytes: int = field(default=2**33, metadata={"help": "stage 3: gathered bytes alive at once"})
+    persistence_threshold: int = field(
+        default=0, metadata={"help": "stage 3: keep tensors this small whole (elements)"}
+    )
+    # stage 3: hold a bucket whose next use is < this many gathered bytes ahead; 0 releases all (3Ψ)
+    reuse_bytes: int = field(
+        default=0,
+        metadata={
+            "help": "stage 3: keep a bucket gathered while its next use is this close, in gathered bytes "
+            "ahead (0: release all, the paper's 3Ψ)"
+        },
+    )
 
     def __post_init__(self):
         _positive_ints(self, "dp", "mp", "bucket_bytes", "prefetch_bytes", "max_live_bytes")
@@ -244,8 +259,8 @@ class ParallelConfig:
     def check_model(self, model: ModelConfig) -> None:
         """Megatron's rule (paper appendix): heads and hidden split evenly across MP. (The
         vocabulary is padded to a multiple of MP, as Megatron does; see the MP layers.)"""
-        for field, value in (("heads", model.heads), ("hidden", model.hidden)):
-            _require(value % self.mp == 0, field, f"must be divisible by mp ({self.mp})", value)
+        for name, value in (("heads", model.heads), ("hidden", model.hidden)):
+            _require(value % self.mp == 0, name, f"must be divisible by mp ({self.mp})", value)
 
 
 COMPILE = ("auto", "on", "off")  # TrainConfig.compile
@@ -255,17 +270,22 @@ COMPILE = ("auto", "on", "off")  # TrainConfig.compile
 class TrainConfig:
     """One trial's optimisation settings. Adam as in the paper; no dropout, so runs are exact."""
 
-    micro_batch: int = 1  # sequences per DP rank per micro-step
-    grad_accum: int = 1  # micro-batches per step
-    steps: int = 5  # timed steps
-    warmup: int = 1  # untimed steps first
-    lr: float = 1e-3
+    micro_batch: int = field(default=1, metadata={"help": "sequences per DP rank per micro-step"})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per step"})
+    steps: int = field(default=5, metadata={"help": "timed steps"})
+    warmup: int = field(default=1, metadata={"help": "untimed steps before timing"})
+    lr: float = field(default=1e-3, metadata={"help": "Adam's learning rate"})
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0  # global gradient norm; 0 disables clipping
-    seed: int = 1234
-    compile: str = "auto"  # torch.compile each block's compute: on, off, or auto (on for cuda, off for cpu)
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW's decoupled weight decay"})
+    clip_norm: float = field(default=1.0, metadata={"help": "global gradient-norm clip; 0 disables it"})
+    seed: int = field(default=1234, metadata={"help": "seed of the weights and the synthetic batches"})
+    compile: str = field(
+        default="auto",
+        metadata={
+            "help": "torch.compile each block's compute (zerobench/engine/compile.py); auto: on for cuda, off for cpu"
+        },
+    )
 
     def __post_init__(self):
         _positive_ints(self, "micro_batch", "grad_accum", "steps")
@@ -287,6 +307,11 @@ class TrainConfig:
         every CPU run keeps the eager kernels it was measured with."""
         return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
+
+# The paper's C_B (§6.2): DeepSpeed's hyperscale configs use a 5e8-element reduce and a 2e8-element
+# all-gather bucket (fp16), 1.4 GB together. The engine holds two buckets of `bucket_bytes`, so each
+# is their mean: 700,000,000 bytes (667.57 MiB). A sheet names it `bucket_mb: paper`.
+PAPER_BUCKET = (500_000_000 + 200_000_000) * 2 // 2
 
 # The paper's ZeRO configurations C1–C5 (SC20 Table III, paper.md §4.1): ZeRO-DP stage plus the
 # ZeRO-R switches. C_B (constant buffers) is always on in this engine; M_D is `contiguous_buffers`.

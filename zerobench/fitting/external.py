@@ -28,11 +28,11 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.engine.trial import git_revision
 from zerobench.perfmodel.choices import fitted_rows
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, variants
 from zerobench.perfmodel.predict import predict
+from zerobench.trial import git_revision
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "external_runs.csv"
 HOLDOUT_OUT = Path(__file__).resolve().parents[2] / "results" / "external_holdout.csv"

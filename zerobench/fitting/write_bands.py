@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.engine.trial import git_revision
 from zerobench.fitting.external import HOLDOUT_OUT, expressible
 from zerobench.fitting.fit import loso_rows
 from zerobench.perfmodel.error_bands import BANDS, COVERAGE, POOLED, POOLED_COVERAGE, prediction_interval, regime
+from zerobench.trial import git_revision
 
 LOSO_OUT = HOLDOUT_OUT.with_name("external_loso.csv")
 COVERAGE_OUT = HOLDOUT_OUT.with_name("external_coverage.csv")

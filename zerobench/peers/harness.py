@@ -29,11 +29,11 @@ import torch.distributed as dist
 
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.spawn import spawned
-from zerobench.engine.runtime.batches import SyntheticTokens, micro_batches
-from zerobench.engine.runtime.devices import StepTimer, hardware_profile, peak_memory
-from zerobench.engine.trial import TrialSpec
 from zerobench.engine.zero.activations import apply_activation_checkpointing
 from zerobench.gpus import mfu
+from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
+from zerobench.trial import TrialSpec
 
 # torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)
 TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3: "fsdp2-reshard"}
@@ -99,7 +99,7 @@ def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torc
     """This rank's (inputs, targets) micro-batches of `step`: the slices our engine takes."""
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
     tokens = data.global_batch(step, spec.global_batch)
-    return list(micro_batches(tokens, spec.train.grad_accum, spec.parallel.dp, dp_rank))
+    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
 
 
 # -- collective observer ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Our engine in the comparison: `zerobench.engine.runtime.train.build_engine` and `train_steps`, exactly the path
+"""Our engine in the comparison: `zerobench.runtime.train.build_engine` and `train_steps`, exactly the path
 a `zerobench run` trial takes. After its timed steps it issues their collectives again with no
 compute (`collective_seconds`): what this machine's gloo costs per step at that stage, the
 `bound` row's share over the floor (runner.py)."""
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms, Ledger
-from zerobench.engine.runtime.train import build_engine, train_steps
+from zerobench.runtime.train import build_engine, train_steps
 
 _DTYPE = {1: torch.uint8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}  # by bytes per element
 

@@ -33,12 +33,11 @@ import os
 import platform
 import statistics
 
-from zerobench import slow_spells
-from zerobench.engine import trial
+from zerobench import slow_spells, trial
 from zerobench.engine.config import ConfigError
-from zerobench.engine.runtime import probe
 from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, default_impls, family, measure, summarise
 from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
+from zerobench.runtime import probe
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",

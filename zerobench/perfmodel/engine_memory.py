@@ -1,6 +1,6 @@
 """Peak memory of one rank of this engine, read from its code: what zerobench/engine/model.py,
 parallel/ and zero/ hold at each moment of a training step where the device's live bytes can peak,
-in the bytes `zerobench trace` counts (engine/runtime/trace.py: the tensors, by the device they live
+in the bytes `zerobench trace` counts (runtime/trace.py: the tensors, by the device they live
 on) and held equal to it in tests/unit/test_engine_memory.py. On a GPU the caching allocator hands
 out these bytes; what it holds beyond them, the CUDA context and NCCL's buffers are named apart
 (`outside_allocator_bytes`, feasibility.py). On a CPU host, the runtime's own RSS that calibrate
@@ -32,7 +32,7 @@ over MP; P = t·h/N_m, one MP rank's slice.
   until it is reduce-scattered, with at most `MAX_IN_FLIGHT` reductions outstanding beside the
   bucket being filled; stage 1 keeps every reduced chunk until backward ends.
 - The step: one piece's fp32 gradient at a time (zero/core.py), 16-bit gradients only.
-- The token batch: every rank holds the whole global batch (engine/runtime/train.py moves it to
+- The token batch: every rank holds the whole global batch (runtime/train.py moves it to
   the device before taking its micro-batches), b·N_d·m·(s+1) int64.
 """
 
@@ -41,8 +41,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
-from zerobench.engine.zero.partition import FlatLayout
-from zerobench.engine.zero.stage2 import MAX_IN_FLIGHT
+from zerobench.engine.zero.partition import MAX_IN_FLIGHT, FlatLayout
 from zerobench.perfmodel.profile import HardwareProfile
 
 FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype, the loss's, Adam's, statistics'

@@ -4,13 +4,9 @@ experiments themselves (models, GPUs, MP, batches) are the sheets' trials, workf
 
 from __future__ import annotations
 
-from zerobench.engine.config import ZERO_CONFIGS, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import PAPER_BUCKET, ZERO_CONFIGS, ParallelConfig, PrecisionConfig
 
 PAPER_PRECISION = PrecisionConfig(mode="fp16", device="cuda")  # paper §6: fp16/fp32 mixed precision
-# C_B: DeepSpeed's hyperscale configs use a 5e8-element reduce and a 2e8-element all-gather bucket
-# (fp16): 1.4 GB together. The model holds two buckets of `bucket_bytes`, so each is their mean;
-# the sheets write it as bucket_mb: 667.572021484375 (MiB).
-PAPER_BUCKET = (500_000_000 + 200_000_000) * 2 // 2
 
 
 def zero_parallel(gpus: int, mp: int, config: str = "C4") -> ParallelConfig:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.engine.trial import new_record, trial_columns
 from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network, schedule
 from zerobench.perfmodel.constants import DEFAULT, Calibration
@@ -23,6 +22,7 @@ from zerobench.perfmodel.host_cost import HOST_OP_S, host_excess, stage3_host_s
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, Implementation, list_form_host_s, variants
 from zerobench.perfmodel.implementation import get as get_implementation
 from zerobench.perfmodel.kernels import check_attention
+from zerobench.trial import new_record, trial_columns
 
 
 @dataclass(frozen=True)

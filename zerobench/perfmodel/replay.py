@@ -1,4 +1,4 @@
-"""The collectives of an emulated rank (`source: emulated`, engine/runtime/emulate.py), priced and
+"""The collectives of an emulated rank (`source: emulated`, runtime/emulate.py), priced and
 placed: each call the engine issued in a timed step is priced by the model's collective pricing
 (network.py: NCCL's tuning model on a datasheet GPU profile, the measured curves on a calibrated
 host) over the group it ran on, laid out as a rank of that world sits (MP innermost), and placed

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from zerobench.engine.config import ConfigError, ParallelConfig, TrainConfig
-from zerobench.engine.fields import MiB
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.error_bands import band
 from zerobench.perfmodel.feasibility import breakdown, max_micro_batch
@@ -30,6 +29,7 @@ from zerobench.perfmodel.paper_setups import PAPER_BUCKET
 from zerobench.perfmodel.predict import predict
 from zerobench.plan.request import PlanRequest
 from zerobench.stages import STAGES
+from zerobench.trial.fields import MiB
 
 # (checkpoint_activations, partition_activations, offload_activations): none, one checkpoint per
 # block, P_a (checkpoints split over MP), P_a+cpu (and moved to the host); P_a needs MP > 1

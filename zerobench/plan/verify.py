@@ -3,7 +3,7 @@
   semantics (a GPU profile's ranks are CUDA devices: activations in the storage dtype), its peak
   (training or construction) held against the card's usable bytes; a layout over them is dropped,
   and the rest ranked again. Speed stays modelled.
-- `emulate`: one rank of each run for real on this machine's GPU (engine/runtime/emulate.py), its
+- `emulate`: one rank of each run for real on this machine's GPU (runtime/emulate.py), its
   caching allocator capped at the target card's usable bytes, its compute measured and its
   collectives priced on the target's cluster (perfmodel/replay.py): the row is re-priced from it.
 Each row's `checked` says which. Imports torch: the CLI imports this module when a verify is asked.
@@ -18,13 +18,13 @@ from collections.abc import Callable
 import torch
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.runtime.emulate import emulate
-from zerobench.engine.runtime.trace import trace_record
-from zerobench.engine.trial import TrialSpec
 from zerobench.perfmodel.replay import complete
 from zerobench.plan.answer import shown
 from zerobench.plan.rank import Layout, ranked
 from zerobench.plan.request import PlanRequest
+from zerobench.runtime.emulate import emulate
+from zerobench.runtime.trace import trace_record
+from zerobench.trial import TrialSpec
 
 TRACED_ACCUM = 2  # micro-batches a trace runs: the second sees the first's accumulated gradients, as every later one
 TRIES = 2  # layouts checked per place in the top, at most, before the check stops

@@ -11,41 +11,21 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.fields import defaults
-from zerobench.engine.trial import COLUMNS, TrialSpec, configs, new_record
-from zerobench.perfmodel import model_record
 from zerobench.perfmodel.constants import DEFAULT, Calibration
-from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.results import write_record
+from zerobench.sources import modelled
 from zerobench.sweeps import interleave, sheets
-from zerobench.sweeps.search import run_under_policy
-
-
-def modelled_record(values: Mapping, cal: Calibration = DEFAULT) -> dict:
-    """The modelled record of a trial's field values (parsed `zerobench model` flags, or a sheet's
-    trial), under its batch/depth policy; `zero_os` models P_os as ZeRO-OS (zero_os_stage1)."""
-    v = {**defaults("model"), "command": "model", **values}
-    if v["zero_os"]:
-        cal = cal.replace(zero_os_stage1=True)
-    attention = v["attention"] or "materialized"
-    implementation = v.get("implementation") or DEFAULT_IMPLEMENTATION
-
-    def predict(spec: TrialSpec) -> dict:
-        return model_record(spec.model, spec.parallel, spec.precision, spec.train, v["hardware"], v["gpus_per_node"],
-                            cal, attention=attention, implementation=implementation)  # fmt: skip
-
-    return run_under_policy(TrialSpec(*configs(v)), v, predict)
+from zerobench.trial import COLUMNS, new_record
 
 
 def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
     """One sheet trial through the performance model: its record, `infeasible` where the layout
     cannot exist (the message names the field)."""
     try:
-        return modelled_record(trial, cal)
+        return modelled.record(trial, cal)
     except ConfigError as exc:
         given = {k: v for k, v in trial.items() if k in COLUMNS and k != "source"}  # the trial's own columns
         return new_record("modelled", status="infeasible", error=str(exc), **given)

@@ -26,13 +26,24 @@ def trial_command(trial: dict, out: Path, device: str, time_limit: float, launch
     """`zerobench run` for one trial, started as the workflow's `mpi` resource starts it
     (`sheets.launch_prefix`)."""
     return [
-        *sheets.launch_prefix(trial, launcher), sys.executable, "-m", "zerobench.cli", "run",
-        *sheets.trial_flags(trial), "--device", device, "--time-limit", f"{time_limit:g}", "--out", str(out),
-    ]  # fmt: skip
+        *sheets.launch_prefix(trial, launcher),
+        sys.executable,
+        "-m",
+        "zerobench.cli",
+        "run",
+        *sheets.trial_flags(trial),
+        "--device",
+        device,
+        "--time-limit",
+        f"{time_limit:g}",
+        "--out",
+        str(out),
+    ]
 
 
-def run_group(trials: list[dict], outdir: str | os.PathLike, device: str = "cpu", time_limit: float = 0,
-              launcher: str = "") -> list[Path]:  # fmt: skip
+def run_group(
+    trials: list[dict], outdir: str | os.PathLike, device: str = "cpu", time_limit: float = 0, launcher: str = ""
+) -> list[Path]:
     """Every trial in the order given (sheets.expand_group's: round by round), one record each; a run
     that writes no record, or exits with an error, stops the job, as a failed `run_trial` does."""
     if any(t["source"] != "measured" or not t.get("repeat") for t in trials):

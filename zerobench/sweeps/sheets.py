@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, takes
+from zerobench.trial.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, resolved, takes
 
 SHEET_DIR = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
 SCHEMA = SHEET_DIR.parents[1] / "schemas" / "sheet.schema.yaml"
@@ -84,7 +84,8 @@ def load_sheet(name_or_path: str | Path) -> dict:
 
 
 def expand_group(group: dict, smoke: bool = False) -> list[dict]:
-    """The trials of one group: each case over the base, times the grid (smoke overrides applied)."""
+    """The trials of one group: each case over the base, times the grid (smoke overrides applied),
+    each named value resolved (`bucket_mb: paper`, zerobench/trial/fields.py)."""
     base, grid = dict(group.get("base", {})), dict(group.get("grid", {}))
     override = group.get("smoke", {})
     if smoke and override is False:
@@ -99,7 +100,8 @@ def expand_group(group: dict, smoke: bool = False) -> list[dict]:
     trials = []
     for case in group.get("cases") or [{}]:
         for combo in product(*grid.values()):
-            trials.append(dict(source=group["source"], **{**base, **case, **dict(zip(grid, combo, strict=True))}))
+            values = {**base, **case, **dict(zip(grid, combo, strict=True))}
+            trials.append(dict(source=group["source"], **resolved(values)))
     rounds = group.get("interleave")
     if rounds:  # the order they run in: forward, back, forward..., so a steady drift weighs on each alike
         return [dict(t, repeat=r) for r in range(1, rounds + 1) for t in (trials if r % 2 else trials[::-1])]
@@ -108,7 +110,7 @@ def expand_group(group: dict, smoke: bool = False) -> list[dict]:
 
 def trial_id(trial: dict) -> str:
     """A readable, unique name: the source, then each set field as its tag + value, in the
-    fields' order (zerobench/engine/fields.py)."""
+    fields' order (zerobench/trial/fields.py)."""
     parts = []
     for name in SHEET_FIELDS:
         tag, value = FIELDS[name].tag, trial.get(name)
@@ -151,7 +153,7 @@ def write_schema(path: Path = SCHEMA) -> None:
     schema["$defs"]["fieldnames"]["enum"] = made["names"]
     with open(path, "w") as f:
         f.write(
-            "# $defs.fields and fieldnames: made from zerobench/engine/fields.py by python -m zerobench.sweeps.sheets\n"
+            "# $defs.fields and fieldnames: made from zerobench/trial/fields.py by python -m zerobench.sweeps.sheets\n"
         )
         yaml.safe_dump(schema, f, sort_keys=False, width=120, allow_unicode=True)
 

@@ -21,7 +21,6 @@ from torch.optim.adam import adam
 from zerobench.engine.config import TrainConfig
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.parallel.topology import Group
-from zerobench.engine.zero.partition import coalesce
 
 
 class ShardedAdam:
@@ -186,3 +185,27 @@ class LossScaler:
             self.clean_steps += 1
             if self.clean_steps % self.window == 0:
                 self.scale *= 2.0
+
+
+def coalesce(pieces: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`pieces` with every run of 1-D contiguous pieces that follow one another in one storage
+    (a shard split by bucket) joined into one view: the same elements in the same order, so an
+    elementwise op or a reduction over them costs one kernel, not one per bucket."""
+    runs: list[list[torch.Tensor]] = []
+    for p in pieces:
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and p.dim() == last.dim() == 1
+            and p.stride(0) == last.stride(0) == 1
+            and p.dtype == last.dtype
+            and p.untyped_storage() is last.untyped_storage()
+            and p.storage_offset() == last.storage_offset() + last.numel()
+        ):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return [
+        run[0] if len(run) == 1 else run[0].as_strided((sum(p.numel() for p in run),), (1,), run[0].storage_offset())
+        for run in runs
+    ]

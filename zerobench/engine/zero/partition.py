@@ -12,8 +12,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the layout itself needs no torch: the performance model reads it too
+    import torch
+
+
+MAX_IN_FLIGHT = 2  # buckets whose reduction may be outstanding at once (stages 2 and 3)
 
 
 @dataclass(frozen=True)
@@ -146,27 +151,3 @@ def _pack(numels: list[int], limit: int) -> list[list[int]]:
         groups[-1].append(i)
         size += n
     return groups
-
-
-def coalesce(pieces: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`pieces` with every run of 1-D contiguous pieces that follow one another in one storage
-    (a shard split by bucket) joined into one view: the same elements in the same order, so an
-    elementwise op or a reduction over them costs one kernel, not one per bucket."""
-    runs: list[list[torch.Tensor]] = []
-    for p in pieces:
-        last = runs[-1][-1] if runs else None
-        if (
-            last is not None
-            and p.dim() == last.dim() == 1
-            and p.stride(0) == last.stride(0) == 1
-            and p.dtype == last.dtype
-            and p.untyped_storage() is last.untyped_storage()
-            and p.storage_offset() == last.storage_offset() + last.numel()
-        ):
-            runs[-1].append(p)
-        else:
-            runs.append([p])
-    return [
-        run[0] if len(run) == 1 else run[0].as_strided((sum(p.numel() for p in run),), (1,), run[0].storage_offset())
-        for run in runs
-    ]

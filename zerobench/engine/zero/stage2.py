@@ -19,9 +19,7 @@ from zerobench.engine.parallel.comms import Comms, Handle
 from zerobench.engine.parallel.topology import Group
 from zerobench.engine.zero.buffers import BufferPool
 from zerobench.engine.zero.core import ZeroEngine
-from zerobench.engine.zero.partition import Bucket, FlatLayout, Slot
-
-MAX_IN_FLIGHT = 2  # buckets whose reduce-scatter may be outstanding at once
+from zerobench.engine.zero.partition import MAX_IN_FLIGHT, Bucket, FlatLayout, Slot
 
 
 class PartitionedGradients:

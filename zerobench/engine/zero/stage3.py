@@ -44,8 +44,8 @@ from zerobench.engine.compile import compiled
 from zerobench.engine.parallel.comms import Comms, Handle
 from zerobench.engine.zero.core import ZeroEngine
 from zerobench.engine.zero.gather import GatheredBuckets
-from zerobench.engine.zero.partition import FlatLayout, overlaps
-from zerobench.engine.zero.stage2 import MAX_IN_FLIGHT, PartitionedGradients
+from zerobench.engine.zero.partition import MAX_IN_FLIGHT, FlatLayout, overlaps
+from zerobench.engine.zero.stage2 import PartitionedGradients
 
 
 def module_layout(model: torch.nn.Module, named, nd: int, threshold: int, bucket_bytes: int, dtype):

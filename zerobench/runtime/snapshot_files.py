@@ -1,4 +1,4 @@
-"""The on-disk form of a training-state snapshot (zerobench/engine/runtime/snapshot.py) and its checks: the
+"""The on-disk form of a training-state snapshot (zerobench/runtime/snapshot.py) and its checks: the
 manifest must cover every parameter exactly once, each file must have the listed size and SHA-256,
 and each shard's index must match its manifest entry. Every refusal is a `CheckpointError` that
 names the file."""

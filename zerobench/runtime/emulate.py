@@ -5,7 +5,7 @@ exists. What the record holds, and where each part comes from:
   runtime/counter.py: the trace's counter on real tensors, so equal to the trace's byte for
   byte), and on CUDA the caching allocator's peak allocated and reserved; on CPU peak RSS;
 - compute, measured: each timed step on the device clock with every collective doing nothing
-  (parallel/emulated_comms.py fills what a collective would have brought locally);
+  (runtime/emulated_comms.py fills what a collective would have brought locally);
 - collectives, modelled: the step's calls, each with when the engine issued and waited for it,
   left for the performance model to price and place (perfmodel/replay.py), which adds the step
   time. The paper's mechanism (§10.3: partitioning frees memory, a larger micro-batch fits, and
@@ -27,18 +27,18 @@ import torch
 from zerobench import memory
 from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel import topology
-from zerobench.engine.parallel.emulated_comms import EmulatedComms
-from zerobench.engine.runtime.counter import LiveCounter
-from zerobench.engine.runtime.devices import StepTimer, hardware_profile
-from zerobench.engine.runtime.launch import classify, release
-from zerobench.engine.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
-from zerobench.engine.runtime.train import StepLog, cap_error, train_steps
-from zerobench.engine.trial import TrialSpec, short_error
 from zerobench.engine.zero.buffers import no_reuse
+from zerobench.runtime.counter import LiveCounter
+from zerobench.runtime.devices import StepTimer, hardware_profile
+from zerobench.runtime.emulated_comms import EmulatedComms
+from zerobench.runtime.launch import classify, release
+from zerobench.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
+from zerobench.runtime.train import StepLog, cap_error, train_steps
+from zerobench.trial import TrialSpec, short_error
 
 # what each part of an emulated record is, as the record states it
 PARTS = {"memory": "measured", "compute": "measured", "collectives": "modelled"}
-LOSSES = "emulated: every collective filled locally (parallel/emulated_comms.py); not the model's losses"
+LOSSES = "emulated: every collective filled locally (runtime/emulated_comms.py); not the model's losses"
 
 
 def check(spec: TrialSpec, rank: int) -> torch.device:
@@ -97,13 +97,17 @@ def _cap(spec: TrialSpec, device: torch.device, reserved_bytes: float = 0) -> st
     props = torch.cuda.get_device_properties(device)
     allocator = spec.mem_cap_bytes - reserved_bytes
     if allocator <= 0:
-        raise ConfigError(f"mem_cap_mb={spec.mem_cap_bytes / 2**20:.0f}: no more than the "
-                          f"{reserved_bytes / 2**20:.0f} MiB a rank holds outside its allocator")  # fmt: skip
+        raise ConfigError(
+            f"mem_cap_mb={spec.mem_cap_bytes / 2**20:.0f}: no more than the "
+            f"{reserved_bytes / 2**20:.0f} MiB a rank holds outside its allocator"
+        )
     torch.cuda.set_per_process_memory_fraction(min(1.0, allocator / props.total_memory), device)
-    return (f"caching allocator capped at {allocator / 2**30:.2f} GiB of this {props.name}'s "
-            f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction): the "
-            f"{spec.mem_cap_bytes / 2**30:.1f} GiB budget less {reserved_bytes / 2**30:.2f} GiB outside the "
-            f"allocator")  # fmt: skip
+    return (
+        f"caching allocator capped at {allocator / 2**30:.2f} GiB of this {props.name}'s "
+        f"{props.total_memory / 2**30:.1f} GiB (per-process memory fraction): the "
+        f"{spec.mem_cap_bytes / 2**30:.1f} GiB budget less {reserved_bytes / 2**30:.2f} GiB outside the "
+        f"allocator"
+    )
 
 
 def _emulate(spec: TrialSpec, rank: int, device: torch.device, reserved_bytes: float) -> dict:
@@ -144,8 +148,10 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device, reserved_bytes: f
         times = timer.times()
     peak_rss = memory.peak_rss_bytes()
     n = spec.train.steps
-    comm = {k: {**v, "seconds": None, "per_step_volume_elements": v["volume_elements"] / n}
-            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    comm = {
+        k: {**v, "seconds": None, "per_step_volume_elements": v["volume_elements"] / n}
+        for k, v in comms.ledger.as_dict().items()
+    }
     return spec.record(
         "emulated",
         hardware=hardware_profile(device),

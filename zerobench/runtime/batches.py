@@ -44,7 +44,7 @@ def corpus_path(data: str) -> Path:
     path = Path(data)
     if path.exists():
         return path
-    shipped = Path(__file__).parents[2] / "data" / data
+    shipped = Path(__file__).parents[1] / "data" / data  # zerobench/runtime/batches.py -> zerobench/data/
     if not shipped.exists():
         raise FileNotFoundError(f"data={data!r}: neither a file nor a corpus shipped in {shipped.parent}")
     return shipped
@@ -57,10 +57,12 @@ def token_source(data: str, vocab: int, seq: int, seed: int):
     return CorpusTokens(corpus_path(data), vocab, seq, seed)
 
 
-def micro_batches(tokens: torch.Tensor, grad_accum: int, dp: int, dp_rank: int):
-    """Yield (inputs, targets) of this DP rank's micro-batches; sample order is [micro][rank][b]."""
-    per = tokens.shape[0] // (grad_accum * dp)
-    for m in range(grad_accum):
-        lo = (m * dp + dp_rank) * per
-        chunk = tokens[lo : lo + per]
+def micro_batches(tokens: torch.Tensor, *, micro_batch: int, dp: int, dp_rank: int):
+    """Yield (inputs, targets) of this DP rank's micro-batches, `micro_batch` sequences each, one per
+    micro-step of the global batch `tokens`; sample order is [micro][rank][b]."""
+    per_step = micro_batch * dp  # sequences one micro-step takes over all DP ranks
+    if tokens.shape[0] % per_step:
+        raise ValueError(f"micro_batch={micro_batch}: {tokens.shape[0]} sequences are not micro-steps of {per_step}")
+    for lo in range(dp_rank * micro_batch, tokens.shape[0], per_step):
+        chunk = tokens[lo : lo + micro_batch]
         yield chunk[:, :-1], chunk[:, 1:]

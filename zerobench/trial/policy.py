@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 from zerobench.engine.config import ConfigError
-from zerobench.engine.trial import TrialSpec
+from zerobench.trial import TrialSpec
 
 SEARCHED = {"micro_batch_policy": "micro_batch", "layers_policy": "layers"}  # policy field -> the size it picks
 
@@ -61,15 +61,19 @@ def largest_that_fits(attempt: Callable[[int], dict], upper: int) -> tuple[dict,
     return best, attempts
 
 
-def run_under_policy(spec: TrialSpec, policies: Mapping, attempt: Callable[[TrialSpec], dict]) -> dict:
-    """`attempt(spec)` under the policies in `policies` (a trial's field values): once as listed,
-    or searched; the record carries `listed_<field>`, `policy` and `attempts` where a search ran."""
+def searched(policies: Mapping) -> str | None:
+    """The size a trial's policies (its field values) search, "micro_batch" or "layers", or None
+    where every policy is `listed`: the trial runs once, at its listed sizes, and never enters
+    `search`."""
     fields = [field for policy, field in SEARCHED.items() if policies.get(policy, "listed") == "largest_fits"]
-    if not fields:
-        return attempt(spec)
     if len(fields) > 1:
         raise ConfigError("layers_policy: search the micro-batch or the depth, not both at once")
-    field = fields[0]
+    return fields[0] if fields else None
+
+
+def search(spec: TrialSpec, field: str, attempt: Callable[[TrialSpec], dict]) -> dict:
+    """`attempt(spec)` at the largest `field` ("micro_batch" or "layers") that fits, up to the
+    spec's; the record carries `listed_<field>`, `policy` and `attempts`."""
     upper = size(spec, field)
     record, attempts = largest_that_fits(lambda value: attempt(at_size(spec, field, value)), upper)
     return {**record, f"listed_{field}": upper, "policy": f"largest_fits {field}", "attempts": attempts}

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from zerobench import memory
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.batches import micro_batches, token_source
-from zerobench.engine.runtime.counter import HOST, StorageCounter
-from zerobench.engine.runtime.train import build_engine
-from zerobench.engine.trial import TrialSpec, short_error
 from zerobench.engine.zero.activations import checkpoint_store
+from zerobench.runtime.batches import micro_batches, token_source
+from zerobench.runtime.counter import HOST, StorageCounter
+from zerobench.runtime.train import build_engine
+from zerobench.trial import TrialSpec, short_error
 
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category
 
@@ -106,7 +106,7 @@ def rank_micro_batches(spec: TrialSpec, dp_rank: int, step: int = 0) -> list:
     tokens = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(
         step, spec.global_batch
     )
-    return list(micro_batches(tokens, spec.train.grad_accum, spec.parallel.dp, dp_rank))
+    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
 
 
 @contextmanager
@@ -167,11 +167,18 @@ def trace_record(spec: TrialSpec, states_only: bool = False) -> dict:
         except Exception as exc:
             return spec.record("traced", status="error", error=short_error(exc))
         return spec.record(
-            "traced", param_bytes=states["param"], grad_bytes=states["grad"], optimizer_bytes=states["optimizer"],
+            "traced",
+            param_bytes=states["param"],
+            grad_bytes=states["grad"],
+            optimizer_bytes=states["optimizer"],
             build_peak_bytes=states["build_peak"],
-            extra={"memory_counter": COUNTER, "states_only": True, "device_semantics": device_semantics(spec),
-                   "trace_cpu_seconds": time.process_time() - cpu0},
-        )  # fmt: skip
+            extra={
+                "memory_counter": COUNTER,
+                "states_only": True,
+                "device_semantics": device_semantics(spec),
+                "trace_cpu_seconds": time.process_time() - cpu0,
+            },
+        )
     try:
         out = trace_step(spec)
     except Exception as exc:  # a record either way, as `zerobench run` does

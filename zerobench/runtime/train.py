@@ -1,5 +1,5 @@
 """The measured trial (`source: measured`): build the trained thing from the plain model, warm up,
-time steps, and make the record. The rank worker and the launcher are in zerobench/engine/runtime/launch.py.
+time steps, and make the record. The rank worker and the launcher are in zerobench/runtime/launch.py.
 
 The trained thing is composed, as torchtitan composes it: the plain GPT (zerobench/engine/model.py) is
 built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3), each
@@ -23,13 +23,13 @@ from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.parallel.megatron import apply_tensor_parallel
-from zerobench.engine.runtime import allocator, faults, probe, snapshot
-from zerobench.engine.runtime.batches import micro_batches, token_source
-from zerobench.engine.runtime.devices import StepTimer, hardware_profile, peak_memory
-from zerobench.engine.trial import TrialSpec
-from zerobench.engine.zero import apply_zero
 from zerobench.engine.zero.activations import apply_activation_checkpointing, checkpoint_store
+from zerobench.engine.zero.apply import apply_zero
 from zerobench.gpus import mfu
+from zerobench.runtime import allocator, faults, probe, snapshot
+from zerobench.runtime.batches import micro_batches, token_source
+from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
+from zerobench.trial import TrialSpec
 
 
 def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device) -> GPT:
@@ -65,7 +65,7 @@ def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, o
         faults.at_step(step, ctx.rank)  # watchdog progress; the injected fault, if any
         tokens = data.global_batch(step, spec.global_batch).to(engine.device)
         total = 0.0
-        mbs = list(micro_batches(tokens, spec.train.grad_accum, ctx.dp.size, ctx.dp.rank))
+        mbs = list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank))
         for i, (x, y) in enumerate(mbs):
             loss = engine.model(x, y)
             engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
@@ -96,8 +96,11 @@ class StepLog:
             mem = f"peak RSS {memory.peak_rss_bytes() / 2**20:.0f} MiB"
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
-        print(f"step {step} loss {loss:.4f} {seconds:.3f} s/step {self.tokens / seconds:.0f} tokens/s {mem}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"step {step} loss {loss:.4f} {seconds:.3f} s/step {self.tokens / seconds:.0f} tokens/s {mem}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def cap_error(spec: TrialSpec, used: float, what: str) -> str | None:
@@ -158,8 +161,9 @@ def measure(spec: TrialSpec, ctx, device) -> dict:
     host_probe = [[int(n), int(size), gemm, copy] for n, size, gemm, copy in peaks[5:].view(2, 4).tolist()]
     step_time = statistics.median(times)
     steps = spec.train.steps
-    comm = {k: {**v, "per_step_volume_elements": v["volume_elements"] / steps}
-            for k, v in comms.ledger.as_dict().items()}  # fmt: skip
+    comm = {
+        k: {**v, "per_step_volume_elements": v["volume_elements"] / steps} for k, v in comms.ledger.as_dict().items()
+    }
     tflops = spec.tflops_per_gpu(step_time)
     profile = hardware_profile(device)
     cuda = device.type == "cuda"

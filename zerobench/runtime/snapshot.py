@@ -10,7 +10,7 @@ owns, so resharding is an index computation, exact to the bit.
 
 Writes are atomic: everything goes to ``<dir>.partial`` and is renamed to ``<dir>`` only once the
 manifest is complete. A missing, truncated, corrupted or mismatched file is refused with a
-`CheckpointError` naming the file, on every rank together (the checks: zerobench/engine/runtime/snapshot_files.py).
+`CheckpointError` naming the file, on every rank together (the checks: zerobench/runtime/snapshot_files.py).
 
 Engine interface used (every stage's engine, `zerobench.engine.zero.apply_zero`): ``layout``
 (FlatLayout), ``owned`` (flat [lo, hi) of each optimizer piece), ``optimizer`` (ShardedAdam),
@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.runtime.snapshot_files import (
+from zerobench.engine.zero.partition import intersect, overlaps
+from zerobench.runtime.snapshot_files import (
     FORMAT,
     MANIFEST,
     STATES,
@@ -39,7 +40,6 @@ from zerobench.engine.runtime.snapshot_files import (
     read_manifest,
     read_shard,
 )
-from zerobench.engine.zero.partition import intersect, overlaps
 
 
 # -- where each piece's elements belong ------------------------------------------------------------

@@ -12,8 +12,8 @@ would add to it. The steps run slower, as freed pages are faulted in again
 (docs/perfmodel.md gives both readings). So a trial that checks memory against a
 prediction asks for jemalloc (the model_vs_measured sheet's memory trials); `auto` takes it when
 installed (Debian/Ubuntu: apt-get install libjemalloc2; scripts/setup.sh does as root).
-`zerobench run` and `calibrate` re-execute themselves with it preloaded, and every record says
-which allocator ran.
+`zerobench run` and `calibrate` re-execute themselves with it preloaded (the process's own command
+line, whichever entry point started it), and every record says which allocator ran.
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ CHOICES = ("auto", "jemalloc", "system")
 # (torch/backends/xeon/run_cpu.py): its background purge thread takes a core from the ranks when
 # they fill the host (docs/engine-measurements.md)
 MALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:0,muzzy_decay_ms:0"
-_PATHS = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
-          "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")  # fmt: skip
+_PATHS = (
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib64/libjemalloc.so.2",
+    "/usr/local/lib/libjemalloc.so.2",
+    "/usr/lib/libjemalloc.so.2",
+)
 
 
 def jemalloc_path() -> str | None:
@@ -46,10 +51,11 @@ def in_use() -> str:
     return "jemalloc" if "libjemalloc" in maps else "system"
 
 
-def use(choice: str, argv: list[str]) -> None:
+def use(choice: str) -> None:
     """Return if this process already runs `choice` (or `auto` finds no jemalloc); otherwise
-    re-execute `python -m zerobench.cli ARGV` with jemalloc preloaded, in this process's place.
-    `system` under a preloaded jemalloc is refused: a preload cannot be undone from inside."""
+    re-execute this process's own command line (`sys.orig_argv`: the entry point that started it,
+    `zerobench` or `python -m zerobench.cli`, with its arguments) with jemalloc preloaded, in its
+    place. `system` under a preloaded jemalloc is refused: a preload cannot be undone from inside."""
     if choice not in CHOICES:
         raise ConfigError(f"allocator={choice!r}: must be one of {CHOICES}")
     current = in_use()
@@ -62,7 +68,7 @@ def use(choice: str, argv: list[str]) -> None:
         if choice == "jemalloc":
             raise ConfigError("allocator='jemalloc': libjemalloc.so.2 not found (apt-get install libjemalloc2)")
         return
-    os.execve(sys.executable, [sys.executable, "-m", "zerobench.cli", *argv], preload_env(lib))
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], preload_env(lib))
 
 
 def preload_env(lib: str) -> dict[str, str]:

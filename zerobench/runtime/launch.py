@@ -1,6 +1,6 @@
 """Where a measured trial's ranks come from. Started bare, `run_trial` launches its own ranks with
 torch's elastic launcher (what torchrun runs); started under torchrun or srun it joins the world
-it is in. Every rank runs `worker`, which measures (zerobench/engine/runtime/train.py) under a watchdog and, on
+it is in. Every rank runs `worker`, which measures (zerobench/runtime/train.py) under a watchdog and, on
 rank 0, writes the one record, whatever happened (`classify` turns a failure into its status)."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch.distributed as dist
 
 from zerobench import results
 from zerobench.engine.parallel import topology
-from zerobench.engine.runtime import faults, slurm_env
-from zerobench.engine.runtime.train import measure
-from zerobench.engine.trial import TrialSpec, short_error
+from zerobench.runtime import faults, slurm_env
+from zerobench.runtime.train import measure
+from zerobench.trial import TrialSpec, short_error
 
 
 def classify(exc: BaseException) -> str:
@@ -124,8 +124,8 @@ def _launch(spec: TrialSpec) -> None:
     )
     spec_file = Path(spec.out).with_suffix(".spec.json")
     spec_file.write_text(json.dumps(spec.to_dict()))
-    try:  # each rank runs `python -m zerobench.engine.runtime.launch SPEC`, as torchrun would start it
-        elastic_launch(config, sys.executable)("-m", "zerobench.engine.runtime.launch", str(spec_file))
+    try:  # each rank runs `python -m zerobench.runtime.launch SPEC`, as torchrun would start it
+        elastic_launch(config, sys.executable)("-m", "zerobench.runtime.launch", str(spec_file))
     except ChildFailedError as exc:
         # Exit status 1 is a rank that reported its own failure (__main__ below); any other status
         # is a rank that died, which its peers only see as a closed connection.

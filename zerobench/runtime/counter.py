@@ -12,7 +12,7 @@ whose host is apart.
 Not `torch.distributed._tools.mem_tracker.MemTracker`: MemTracker recognises only nn.Parameter
 storages, `torch.optim` states and `.grad` tensors, while this engine keeps its states in flat
 buffers of its own (it would file gradients and optimizer states as "other" and stage 3's gathered
-parameters as activations), and it grows super-linearly with the tensors tracked (design.md).
+parameters as activations), and it grows super-linearly with the tensors tracked (docs/design.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,0 @@
-"""The runtime of one trial: how a measured trial builds the trained thing and times its steps
-(`train`), where its ranks come from (`launch`, `slurm_env`, `procs`), the token batches (`batches`),
-the same engine traced under FakeTensorMode at any scale (`trace`), sharded training-state
-snapshots (`snapshot`, `snapshot_files`), faults on purpose and the watchdog (`faults`), and what
-differs per device and host (`devices`, `allocator`)."""
