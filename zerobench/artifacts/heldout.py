@@ -110,10 +110,10 @@ def _bands_table(results: Path) -> str:
              "(leave-one-source-out, and the holdout rows a choice was made on; perfmodel/error_bands.py), where "
              f"they are {MIN_RUNS} or more; else the pooled band, ±{pct:.1f} %, the {POOLED_COVERAGE:.0%} "
              f"interval of all {runs} validation runs (error_bands.POOLED), which a memory row takes as an "
-             "assumption. A regime with fewer runs has no band of its own (`none` below).",
+             "assumption. A regime with fewer runs has no band of its own: `unvalidated` below, as its records say.",
              "| regime | runs | band % | mean abs % | worst % |", "|---|---|---|---|---|"]  # fmt: skip
     for r in bands.itertuples():
-        value = "none" if pd.isna(r.band_pct) else f"±{r.band_pct:.1f}"
+        value = "unvalidated" if pd.isna(r.band_pct) else f"±{r.band_pct:.1f}"
         lines.append(f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {r.mean_abs_pct:.1f} | "
                      f"{r.worst_pct:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n\n" + coverage_text(pd.read_csv(Path(results) / COVERAGE_CSV))
