@@ -61,7 +61,7 @@ def test_band_is_the_prediction_interval_of_the_regimes_validation_runs(tmp_path
     table, check = writer.write(loso, hold, path, tmp_path / "coverage.csv")
     table = table.set_index("scale")
     small = table.loc["1-8"]  # 10, -20 (leave-one-source-out), -3 and 5 (validation); the holdout run 30 left out
-    assert small.runs == 4 and small.error_band_pct == 20 and small.coverage == 0.8
+    assert small.runs == 4 and small.band_pct == 20 and small.coverage == 0.8
     assert small.mean_abs_pct == pytest.approx(9.5) and small.worst_pct == 20
     assert small.bias_pct == pytest.approx(-2.0)
     assert small.evidence == "s1 (leave-one-source-out, 2); v (holdout, then validation: a choice was made on it, 2)"
@@ -135,9 +135,7 @@ def test_modelled_record_and_estimate_carry_the_band():
     sharded = ParallelConfig(dp=8, mp=1, stage=3, checkpoint_activations=True)
     rec = model_record(GPT, sharded, prec, train, "a100-80gb", attention="fused")
     committed = pd.read_csv(eb.BANDS).set_index(["generation", "kind", "scale"])
-    assert rec["error_band_pct"] == pytest.approx(
-        committed.loc[("a100", "fully-sharded", "1-8"), "error_band_pct"], abs=0.05
-    )
+    assert rec["error_band_pct"] == pytest.approx(committed.loc[("a100", "fully-sharded", "1-8"), "band_pct"], abs=0.05)
     assert model_record(GPT, sharded, prec, train, "h100-80gb", attention="fused")["error_band_pct"] == "unvalidated"
     text = estimate_text(GPT, sharded, prec, train, "a100-80gb")
     assert "% (80% prediction interval from" in text and "implementation profile: efficient" in text
@@ -152,7 +150,7 @@ def test_perfmodel_reads_the_bands_without_importing_fitting():
 
 def test_today_figure_draws_each_modelled_bar_with_its_band():
     """The error bar's ends, read back from the drawn figure, are the value ± its band; an
-    unvalidated bar gets none."""
+    row without a band gets none."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,7 +160,7 @@ def test_today_figure_draws_each_modelled_bar_with_its_band():
 
     df = pd.DataFrame(dict(experiment=["100B", "100B"], hardware=["a100-80gb", "h100-80gb"], gpu=["A100", "H100"],
                            ours=[100.0, 300.0], paper=[None, None], source="modelled", status="ok",
-                           error_band_pct=[10.0, "unvalidated"]))  # fmt: skip
+                           band_pct=[10.0, None]))  # fmt: skip
     fig = plt.figure()
     today(df, fig)
     ax = fig.axes[0]

@@ -51,12 +51,14 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 @pytest.mark.parametrize("name", ["fig2", "fig3", "fig5", "fig6", "fig7", "fig8", "table2", "capacity", "today"])
 def test_every_projection_carries_its_band(name):
+    """One band column: every modelled number has a band in % and its basis; the records' own
+    `error_band_pct` (a number or `unvalidated`) is not shown beside it."""
     df = pd.read_csv(RESULTS / f"{name}.csv")
-    modelled = df[df.source.astype(str).str.startswith("modelled")]
+    assert "error_band_pct" not in df and "band_note" not in df
+    modelled = df[df.source.astype(str).str.startswith("modelled") & df.ours.notna()]
     if "derived_from" in modelled:  # a ratio of two projections (Fig 2's speed-up) has no band of its own
         modelled = modelled[modelled.derived_from.isna()]
-    assert len(modelled) and modelled.error_band_pct.notna().all()
-    bands = modelled.error_band_pct.astype(str)  # a prediction interval in %, or "unvalidated"
-    assert bands.map(lambda b: b == "unvalidated" or float(b) > 0).all()
+    assert len(modelled) and (modelled.band_pct.astype(float) > 0).all()
+    assert modelled.band_basis.str.match(r"regime|pooled").all()
     if name == "today":  # no reference: a projection, never judged
         assert set(df.role) == {"projection"}

@@ -9,6 +9,8 @@ or a switch, profile or margin was chosen while looking at it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import pandas as pd
@@ -56,8 +58,7 @@ ROLES = {
     "formula": "theory against theory: the paper's formula at our scale beside the paper's own number",
     "reference": "a run compared with itself (the reference every other row is compared with)",
     "derived": "a ratio or multiple of other rows of the table (named in `derived_from`)",
-    "projection": "a modelled number with no reference to compare with: its band (`error_band_pct`) says how far "
-    "to trust it",
+    "projection": "a modelled number with no reference to compare with: its band (`band_pct`) says how far to trust it",
 }
 # The band of a memory projection (largest model, cached memory): no held-out run measured memory in
 # the paper's regimes, so none is validated (error_bands.py bands throughput only).
@@ -66,8 +67,24 @@ MEMORY_BAND_NOTE = "memory: no held-out published run measured memory in this re
 
 
 def memory_band() -> dict:
-    """The band columns of a memory projection."""
+    """The band columns of a memory projection, as a record carries them (judged_bands.add reads them
+    into `band_pct`)."""
     return dict(error_band_pct=MEMORY_BAND, band_note=MEMORY_BAND_NOTE)
+
+
+# What makes a record's number what it is: its model, layout, batch, hardware and switches. Two rows
+# reading the same quantity of records that agree on all of them are one prediction (judged_bands.once).
+INPUTS = ("source", "model", "layers", "hidden", "heads", "seq", "vocab", "hardware", "world_size", "dp", "mp",
+          "stage", "precision", "micro_batch", "grad_accum", "checkpoint_activations", "partition_activations",
+          "offload_activations", "contiguous_buffers", "bucket_bytes", "attention", "implementation")  # fmt: skip
+
+
+def prediction(record: dict, quantity: str) -> str:
+    """Which prediction a row reads: `quantity` of the record's INPUTS, named by model, GPUs, MP,
+    stage, micro-batch and hardware, with a digest of every input."""
+    digest = hashlib.sha1(json.dumps([record.get(k) for k in INPUTS], default=str).encode()).hexdigest()[:8]
+    return (f"{quantity}: {record.get('model')} g{record.get('world_size')} mp{record.get('mp')} "
+            f"z{record.get('stage')} b{record.get('micro_batch')} {record.get('hardware')} #{digest}")  # fmt: skip
 
 
 JUDGED = "judged"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.perfmodel.error_bands import BANDS, COVERAGE, POOLED_COVERAGE, pooled
+from zerobench.perfmodel.error_bands import BANDS, COVERAGE, MIN_RUNS, POOLED_COVERAGE, pooled
 
 COVERAGE_CSV = "external_coverage.csv"  # fitting/write_bands.py COVERAGE_OUT
 
@@ -105,14 +105,15 @@ def _bands_table(results: Path) -> str:
     the runs that set none (results/external_coverage.csv)."""
     bands = pd.read_csv(BANDS)
     pct, runs = pooled()
-    lines = [f"Every modelled figure carries its regime's band (`error_band_pct`): the {COVERAGE:.0%} prediction "
-             "interval of |error| over the regime's validation runs above (leave-one-source-out, and the holdout "
-             "rows a choice was made on; perfmodel/error_bands.py), `unvalidated` where they are too few for one. "
-             f"A judged row whose regime has none takes the pooled band: ±{pct:.1f} %, the "
-             f"{POOLED_COVERAGE:.0%} interval of all {runs} validation runs (error_bands.POOLED).",
+    lines = [f"Every modelled row of a table carries one band (`band_pct`, with `band_basis`): its regime's, the "
+             f"{COVERAGE:.0%} prediction interval of |error| over the regime's validation runs above "
+             "(leave-one-source-out, and the holdout rows a choice was made on; perfmodel/error_bands.py), where "
+             f"they are {MIN_RUNS} or more; else the pooled band, ±{pct:.1f} %, the {POOLED_COVERAGE:.0%} "
+             f"interval of all {runs} validation runs (error_bands.POOLED), which a memory row takes as an "
+             "assumption. A regime with fewer runs has no band of its own: `unvalidated` below, as its records say.",
              "| regime | runs | band % | mean abs % | worst % |", "|---|---|---|---|---|"]  # fmt: skip
     for r in bands.itertuples():
-        value = "unvalidated" if pd.isna(r.error_band_pct) else f"±{r.error_band_pct:.1f}"
+        value = "unvalidated" if pd.isna(r.band_pct) else f"±{r.band_pct:.1f}"
         lines.append(f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {r.mean_abs_pct:.1f} | "
                      f"{r.worst_pct:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n\n" + coverage_text(pd.read_csv(Path(results) / COVERAGE_CSV))

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from zerobench.artifacts.common import memory_band, paper, row
+from zerobench.artifacts.common import memory_band, paper, prediction, row
 from zerobench.engine.config import NOMINAL_BILLIONS
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import GiB, get_profile
@@ -42,8 +42,9 @@ def _run(r: dict) -> dict:
         micro_batch=r["micro_batch"],
         max_micro_batch=r.get("max_micro_batch"),
         status=r["status"],
-        error_band_pct=r.get("error_band_pct"),
-    )  # the held-out error of its regime (modelled)
+        error_band_pct=r.get("error_band_pct"),  # the regime's band (modelled): judged_bands.add reads it
+        prediction=prediction(r, "TFLOPS/GPU"),
+    )
     if r["status"] == "ok":
         out.update({col: r.get(field) for field, col in TIMES.items()})
     return out
@@ -121,7 +122,8 @@ def fig5(pairs: Pairs) -> pd.DataFrame:
         p = paper("fig5", "max_trainable_model_size", stage_or_config=config, kind="stated") or paper(
             "fig5", "max_trainable_model_size", stage_or_config=config
         )
-        rows.append(row("fig5", config, size, p, max_layers_8192=layers, **memory_band()))
+        rows.append(row("fig5", config, size, p, max_layers_8192=layers, prediction=prediction(r, "largest model"),
+                        **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -135,7 +137,7 @@ def fig6(pairs: Pairs) -> pd.DataFrame:
         rows.append(row("fig6", f"{size:g}B {config}", r["peak_reserved_bytes"] / GiB, p,
                         allocated_gib=r["peak_allocated_bytes"] / GiB, model_states_gib=states / GiB,
                         activations_gib=r["activation_bytes"] / GiB, fits=r["status"] == "ok",
-                        **memory_band()))  # fmt: skip
+                        prediction=prediction(r, "memory cached"), **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -170,7 +172,8 @@ def fig8(pairs: Pairs) -> pd.DataFrame:
         label, metric = ("ZeRO-DP", "max_model_without_MP") if r["stage"] else ("DDP", "max_model_without_ZeRO")
         size, layers = _largest(r)
         rows.append(row("fig8", f"max model {label}", size, paper("fig8", metric), series="max model (B)",
-                        max_layers=layers, hidden=r["hidden"], **memory_band()))  # fmt: skip
+                        max_layers=layers, hidden=r["hidden"], prediction=prediction(r, "largest model"),
+                        **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -191,7 +194,7 @@ def table2(pairs: Pairs) -> pd.DataFrame:
             measured = paper("table2", "max_model_size_measured", mp=mp, stage_or_config=label_measured)
         key = f"MP {mp} {label} measured" if stage <= 1 else f"MP {mp} {label} modelled"
         rows.append(row("table2", key, size, measured, mp=mp, stage=stage, max_layers=layers, hidden=r["hidden"],
-                        **memory_band()))  # fmt: skip
+                        prediction=prediction(r, "largest model"), **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 
 

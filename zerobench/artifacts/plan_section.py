@@ -18,6 +18,11 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.1f}"
 
 
+def _basis(text: str) -> str:
+    """`regime` or `pooled`: the first word of a row's `band_basis`."""
+    return text.split(" ")[0]
+
+
 def _rows(df: pd.DataFrame) -> list[str]:
     lines = [
         "| rank | layout | tokens/s | TFLOPS/GPU | memory / usable GB | band ±% | checked |",
@@ -25,7 +30,8 @@ def _rows(df: pd.DataFrame) -> list[str]:
     ]
     for r in df.itertuples():
         lines.append(f"| {r.rank:g} | {r.layout} | {r.tokens_per_s:.4g} | {r.tflops_per_gpu:.1f} | "
-                     f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.band_pct} | {r.checked} |")  # fmt: skip
+                     f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.band_pct:g} ({_basis(r.band_basis)}) | "
+                     f"{r.checked} |")  # fmt: skip
     return lines
 
 

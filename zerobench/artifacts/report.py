@@ -18,7 +18,7 @@ from zerobench.artifacts.gpu_section import gpu_section
 from zerobench.artifacts.heldout import heldout_section
 from zerobench.artifacts.host_speed import note as host_note
 from zerobench.artifacts.judged_bands import counts as band_counts
-from zerobench.artifacts.judged_bands import inside_of
+from zerobench.artifacts.judged_bands import headline, inside_of
 from zerobench.artifacts.noisy_rows import mark_noisy
 from zerobench.artifacts.plan_section import plan_section
 from zerobench.peers.summary import peers_markdown
@@ -245,13 +245,14 @@ def write_report(
     and the plan section (artifacts/plan_section.py) from `plans`: (the plan requests' sheet, their
     CSVs, the validation CSV or None)."""
     by_name = {Path(t).stem: t for t in tables}
-    sections, summary = [], []
+    sections, summary, read = [], [], {}
     for path in sheets:
         name = Path(path).stem
         if name not in by_name:
             raise ValueError(f"report: no table for sheet {name!r} among {sorted(by_name)}")
         sheet = yaml.safe_load(Path(path).read_text())
-        text, line = section(name, sheet, pd.read_csv(by_name[name]))
+        read[name] = pd.read_csv(by_name[name])
+        text, line = section(name, sheet, read[name])
         sections.append(text)
         summary.append(line)
     if peers:
@@ -280,5 +281,6 @@ def write_report(
         "| artifact | source | judged points | mean abs error % | worst % | inside band | not judged | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    text = "\n\n".join(head[:2]) + "\n\n" + "\n".join(head[2:] + summary) + "\n\n" + "\n\n".join(sections) + "\n"
+    table = "\n".join(head[2:] + summary) + "\n\n" + headline(read)
+    text = "\n\n".join(head[:2]) + "\n\n" + table + "\n\n" + "\n\n".join(sections) + "\n"
     Path(out).write_text(text)

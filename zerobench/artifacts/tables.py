@@ -152,7 +152,7 @@ def sweep(records: list[dict]) -> pd.DataFrame:
             role="projection" if r["source"] == "modelled" else "judged",
             samples_per_s=r.get("samples_per_s"), model_states_gb=gb["param"] + gb["grad"] + gb["optimizer"],
             activations_gb=gb["activation"], peak_gb=(r.get("peak_allocated_bytes") or 0) / 1e9,
-            error_band_pct=r.get("error_band_pct"),
+            error_band_pct=r.get("error_band_pct"),  # the regime's band: judged_bands.add reads it into band_pct
         ))  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -179,7 +179,7 @@ def build(name: str, paths: list[str], sheet: str | None = None, profile: str | 
     if sheet is None:
         if artifact.joins_trials:
             raise ValueError(f"table {name}: needs --sheet (its trials say what each record was asked for)")
-        return registry.resolve(artifact.table)([read_record(p) for p in files], *extra)
+        return judged_bands.add(registry.resolve(artifact.table)([read_record(p) for p in files], *extra))
     trials = sheets.trials_by_id(sheets.load_sheet(sheet))
     unknown = [p.name for p in files if p.stem not in trials]
     if unknown:
@@ -190,4 +190,4 @@ def build(name: str, paths: list[str], sheet: str | None = None, profile: str | 
         builder, pairs = registry.resolve(artifact.table), [(trials[p.stem], read_record(p)) for p in files]
         table = choice_readings.add(name, lambda ps: builder(ps, *extra), pairs, builder(pairs, *extra))
         return judged_bands.add(table)
-    return registry.resolve(artifact.table)([read_record(p) for p in files], *extra)
+    return judged_bands.add(registry.resolve(artifact.table)([read_record(p) for p in files], *extra))

@@ -16,8 +16,10 @@ checkpointing, attention kernel) on the datasheet profile of its GPU, and compar
 metric the source printed (tokens/s per GPU, step time, or TFLOPS per GPU by zerobench.flops'
 convention). `python -m zerobench.fitting.external` prints MAPE per source and hardware, per split,
 and the worst rows; `--holdout` scores the holdout rows and writes results/external_holdout.csv;
-`--label` labels that record (role, history) without predicting again; `--sensitivity` writes
-results/external_sensitivity.csv: each recorded row of a profile with a SENSITIVITY range at it.
+`--label` labels that record (role, history) and the first scoring's (role) without predicting
+again; `--sensitivity` writes results/external_sensitivity.csv: each recorded row of a profile with a
+SENSITIVITY range at it, role `sensitivity` (a variant's prediction, read by no band or verdict) beside
+the recorded run's own role (`run_role`).
 """
 
 from __future__ import annotations
@@ -123,13 +125,15 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
 
 def sensitivity(df: pd.DataFrame, cal: Calibration = DEFAULT) -> pd.DataFrame:
     """The expressed rows of a profile with a SENSITIVITY range, predicted at each of its variants:
-    one row per (row, variant) with the error there, beside the point's (implementation.variants)."""
+    one row per (row, variant) with the error there, beside the point's (implementation.variants); role
+    `sensitivity`, and the recorded row's own role (`run_role`: validation or holdout, `role`)."""
     out = []
     for r in df[expressible(df)].itertuples():
         for label, impl in variants(r.implementation).items():
             value = _predicted(r, cal, impl)[0]
             out.append(dict(source=r.source, model=r.model, gpus=r.gpus, micro_batch=r.micro_batch, value=r.value,
-                            implementation=r.implementation, variant=label, error_pct=r.error_pct,
+                            implementation=r.implementation, variant=label, role="sensitivity",
+                            run_role=role(r.source), error_pct=r.error_pct,
                             variant_error_pct=100 * (value - r.value) / r.value))  # fmt: skip
     return pd.DataFrame(out)
 
@@ -171,6 +175,12 @@ def label(df: pd.DataFrame, first: Path = FIRST_SCORE) -> pd.DataFrame:
                      history=history)  # fmt: skip
 
 
+def label_first(before: pd.DataFrame) -> pd.DataFrame:
+    """The first scoring's record (FIRST_SCORE) with each row's `role` now (`role`): what its error
+    is, as in the current record."""
+    return before.drop(columns=["role"], errors="ignore").assign(role=before.source.map(role).values)
+
+
 def score_holdout(cal: Calibration = DEFAULT, out: Path | None = HOLDOUT_OUT) -> pd.DataFrame:
     """The holdout rows predicted by the current model: every row with its error (none where the
     model cannot express the run), labelled (`label`), written to `out` with the revision that
@@ -206,6 +216,7 @@ if __name__ == "__main__":
             kept = pd.read_csv(HOLDOUT_OUT)
             kept = kept.drop(columns=["implementation", "role", "first_error_pct", "history"], errors="ignore")
             label(kept).to_csv(HOLDOUT_OUT, index=False)
+            label_first(pd.read_csv(FIRST_SCORE)).to_csv(FIRST_SCORE, index=False)
             raise SystemExit(0)
         if "--sensitivity" in sys.argv:  # the recorded rows' fragile terms at their range (no scoring)
             table = sensitivity(pd.read_csv(HOLDOUT_OUT))

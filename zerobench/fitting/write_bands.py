@@ -27,7 +27,15 @@ import pandas as pd
 
 from zerobench.fitting.external import HOLDOUT_OUT, expressible
 from zerobench.fitting.fit import loso_rows
-from zerobench.perfmodel.error_bands import BANDS, COVERAGE, POOLED, POOLED_COVERAGE, prediction_interval, regime
+from zerobench.perfmodel.error_bands import (
+    BANDS,
+    COVERAGE,
+    POOLED,
+    POOLED_COVERAGE,
+    REGIME_BASIS,
+    prediction_interval,
+    regime,
+)
 from zerobench.trial import git_revision
 
 LOSO_OUT = HOLDOUT_OUT.with_name("external_loso.csv")
@@ -54,14 +62,14 @@ def heldout_runs(loso: pd.DataFrame, holdout: pd.DataFrame) -> pd.DataFrame:
 
 
 def bands(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per regime with band-setting runs (SETS_BAND): error_band_pct (the COVERAGE prediction interval
+    """Per regime with band-setting runs (SETS_BAND): band_pct (the COVERAGE prediction interval
     of |error|, empty where too few runs), runs, mean |error|, worst, bias, evidence."""
     out = []
     for (gen, kind, scale), sub in runs[runs.evidence.isin(SETS_BAND)].groupby(REGIME, sort=True):
         err = sub.error_pct.astype(float)
         evidence = "; ".join(f"{src} ({HOW[how]}, {len(s)})" for (src, how), s in sub.groupby(["source", "evidence"]))
         pct = prediction_interval(err.abs())
-        out.append(dict(generation=gen, kind=kind, scale=scale, error_band_pct=None if pct is None else round(pct, 2),
+        out.append(dict(generation=gen, kind=kind, scale=scale, band_pct=None if pct is None else round(pct, 2),
                         coverage=COVERAGE, runs=len(sub), mean_abs_pct=round(err.abs().mean(), 2),
                         worst_pct=round(err.abs().max(), 2), bias_pct=round(err.mean(), 2),
                         evidence=evidence))  # fmt: skip
@@ -72,18 +80,20 @@ def pooled(runs: pd.DataFrame) -> pd.DataFrame:
     """The pooled band: the POOLED_COVERAGE interval of every band-setting run's |error|, one row."""
     err = runs[runs.evidence.isin(SETS_BAND)].error_pct.astype(float).abs()
     pct = prediction_interval(err, POOLED_COVERAGE)
-    return pd.DataFrame([dict(error_band_pct=None if pct is None else round(pct, 2),
+    return pd.DataFrame([dict(band_pct=None if pct is None else round(pct, 2),
                               coverage=POOLED_COVERAGE, runs=len(err))])  # fmt: skip
 
 
 def counted(runs: pd.DataFrame, table: pd.DataFrame, pool: pd.DataFrame) -> pd.DataFrame:
     """Each COUNTED run with the band a modelled row of its regime carries (its regime's from `table`
     where numeric, else the pooled one, `band_basis`), and whether its |error| is inside."""
-    own = {tuple(r[REGIME]): r.error_band_pct for _, r in table.iterrows() if pd.notna(r.error_band_pct)}
+    own = {tuple(r[REGIME]): r.band_pct for _, r in table.iterrows() if pd.notna(r.band_pct)}
     rows = runs[runs.evidence == COUNTED]
     keys = [tuple(r) for r in rows[REGIME].itertuples(index=False)]
-    pct = [own.get(k, pool.error_band_pct.iloc[0]) for k in keys]
-    basis = [f"regime ({COVERAGE:.0%})" if k in own else f"pooled ({POOLED_COVERAGE:.0%})" for k in keys]
+    pct = [own.get(k, pool.band_pct.iloc[0]) for k in keys]
+    # error_bands.pooled_basis's words, on the pooled band just set
+    pooled_basis = f"pooled ({int(pool.runs.iloc[0])} validation runs, {POOLED_COVERAGE:.0%})"
+    basis = [REGIME_BASIS if k in own else pooled_basis for k in keys]
     inside = rows.error_pct.astype(float).abs().to_numpy() <= pd.Series(pct, dtype=float).to_numpy()
     return rows.assign(band_pct=pct, band_basis=basis, inside=inside)
 

@@ -13,10 +13,12 @@ band: the coverage is counted on them (fitting/write_bands.py). The bands are re
 zerobench/data/error_bands.csv, which `python -m zerobench.fitting.write_bands` writes; the model
 never imports the fitting code. The band is of throughput (step time, TFLOPS), not of memory.
 
-A judged row of a paper artifact always carries a number (artifacts/judged_bands.py): its regime's
-band where the regime has one, else the POOLED band, the POOLED_COVERAGE (90 %) interval over every
-validation run of every regime (zerobench/data/pooled_band.csv), wider than the regimes' 80 % as a row
-borrows it from runs of other regimes; a memory row takes the pooled band as an assumption, named so.
+A modelled row of a table carries one band, `band_pct` (`carried`; artifacts/judged_bands.py): its
+regime's band where the regime has one, else the POOLED band, the POOLED_COVERAGE (90 %) interval over
+every validation run of every regime (zerobench/data/pooled_band.csv), wider than the regimes' 80 % as
+a row borrows it from runs of other regimes; `band_basis` says which. A memory row takes the pooled
+band as an assumption, named so. A record's `error_band_pct` is the regime's band alone (`Band.value`),
+the input to `carried`; no table shows it beside `band_pct`.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def _table(path: Path = BANDS) -> dict[Regime, Band]:
     out = {}
     for r in df.itertuples():
         reg = Regime(r.generation, r.kind, r.scale)
-        pct = float(r.error_band_pct) if pd.notna(r.error_band_pct) else None  # empty under MIN_RUNS runs
+        pct = float(r.band_pct) if pd.notna(r.band_pct) else None  # empty under MIN_RUNS runs
         out[reg] = Band(reg, pct, int(r.runs), float(r.worst_pct), str(r.evidence))
     return out
 
@@ -125,7 +127,7 @@ def band(hardware: str, gpus: int, mp: int, stage: int, path: Path = BANDS) -> B
 
 
 def band_values(values: pd.Series) -> pd.Series:
-    """A column of `error_band_pct` as numbers (NaN where unvalidated or absent), for error bars."""
+    """A column of records' `error_band_pct` as numbers (NaN where unvalidated or absent)."""
     return pd.to_numeric(values, errors="coerce")
 
 
@@ -133,4 +135,25 @@ def band_values(values: pd.Series) -> pd.Series:
 def pooled(path: Path = POOLED) -> tuple[float, int]:
     """(the pooled band in %, the runs it is the POOLED_COVERAGE interval of)."""
     r = pd.read_csv(path).iloc[0]
-    return float(r.error_band_pct), int(r.runs)
+    return float(r.band_pct), int(r.runs)
+
+
+REGIME_BASIS = f"regime ({COVERAGE:.0%})"
+MEMORY_BASIS = "pooled, assumed for memory: no held-out run measured memory"
+
+
+def pooled_basis() -> str:
+    """`band_basis` of a row on the pooled band: how many validation runs it is the interval of."""
+    return f"pooled ({pooled()[1]} validation runs, {POOLED_COVERAGE:.0%})"
+
+
+def carried(regime_band, memory: bool = False) -> tuple[float | None, str | None]:
+    """(`band_pct`, `band_basis`) of a modelled row from its record's `error_band_pct` (the regime's
+    band, or `unvalidated`): the regime's band where it has one, else the pooled band; a memory row
+    takes the pooled band as an assumption. (None, None) where the row carries none (not modelled)."""
+    if regime_band is None or (isinstance(regime_band, float) and math.isnan(regime_band)):
+        return None, None
+    if memory:
+        return pooled()[0], MEMORY_BASIS
+    own = pd.to_numeric(pd.Series([regime_band]), errors="coerce").iloc[0]
+    return (float(own), REGIME_BASIS) if pd.notna(own) else (pooled()[0], pooled_basis())

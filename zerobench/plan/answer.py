@@ -11,8 +11,8 @@ from zerobench.plan.request import PlanRequest
 
 # the CSV's leading columns, in order; a verify adds its own after them
 COLUMNS = ("rank", "layout", "checked", "tokens_per_s", "tflops_per_gpu", "mfu", "step_time_s", "memory_bytes",
-           "usable_bytes", "headroom_bytes", "band_pct", "frontier", "mp", "dp", "stage", "micro_batch", "grad_accum",
-           "checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers",
+           "usable_bytes", "headroom_bytes", "band_pct", "band_basis", "frontier", "mp", "dp", "stage", "micro_batch",
+           "grad_accum", "checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers",
            "bucket_mb")  # fmt: skip
 
 
@@ -40,17 +40,18 @@ def heading(req: PlanRequest, rows: list[dict]) -> str:
 def table(req: PlanRequest, rows: list[dict], top: list[dict]) -> str:
     """The `top` layouts of `rows` as a text table: speed, memory against the usable bytes with the
     headroom, the regime's band and how each row was checked."""
-    head = f"{'rank':>4}  {'layout':52s} {'tokens/s':>10} {'TFLOPS/GPU':>10} {'memory GB':>17} {'band':>9}  checked"
+    head = f"{'rank':>4}  {'layout':52s} {'tokens/s':>10} {'TFLOPS/GPU':>10} {'memory GB':>17} {'band':>16}  checked"
     lines = [heading(req, rows), "", head]
     for r in top:
         usable = r["usable_bytes"]
         mem = f"{r['memory_bytes'] / 1e9:.1f}/{usable / 1e9:.1f} ({r['headroom_bytes'] / usable:+.0%})"
-        band = r["band_pct"] if isinstance(r["band_pct"], str) else f"±{r['band_pct']:g}%"
+        band = f"±{r['band_pct']:g}%" + ("" if r["band_basis"].startswith("regime") else " pooled")
         alike = f" (+{r['alike']} alike)" if r.get("alike") else ""
         speed = f"{r['tokens_per_s']:>10.4g} {r['tflops_per_gpu']:>10.1f}"
-        lines.append(f"{r['rank']:>4}  {r['layout'] + alike:52s} {speed} {mem:>17} {band:>9}  {r['checked']}")
+        lines.append(f"{r['rank']:>4}  {r['layout'] + alike:52s} {speed} {mem:>17} {band:>16}  {r['checked']}")
     lines.append("memory: the layout's peak (training or construction) / usable per GPU (headroom); band: the "
-                 "held-out error of the regime's modelled speed (perfmodel/error_bands.py)")  # fmt: skip
+                 "held-out error of the regime's modelled speed, or the pooled band where the regime has too few "
+                 "validation runs (perfmodel/error_bands.py)")  # fmt: skip
     return "\n".join(lines)
 
 

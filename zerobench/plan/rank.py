@@ -8,9 +8,10 @@ activations, M_D, C_B) by the memory model's own bisection (feasibility.max_micr
 search prices only layouts that fit.
 
 Memory is the model's (feasibility.breakdown: the training and the construction peak against the
-usable bytes of the card); speed is perfmodel.predict's, with the held-out error band of the
-layout's regime (error_bands.band). Layouts rank by tokens per second, ties (layouts the model
-prices alike: C_B and M_D move memory, not time) sharing a rank; `frontier` marks the layouts no
+usable bytes of the card); speed is perfmodel.predict's, with the band it carries (`band_pct`,
+`band_basis`: its regime's held-out band, else the pooled one; error_bands.carried). Layouts rank
+by tokens per second, ties (layouts the model prices alike: C_B and M_D move memory, not time)
+sharing a rank; `frontier` marks the layouts no
 other beats in both tokens per second and memory.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from zerobench.engine.config import ConfigError, ParallelConfig, TrainConfig
 from zerobench.perfmodel.constants import DEFAULT, Calibration
-from zerobench.perfmodel.error_bands import band
+from zerobench.perfmodel.error_bands import band, carried
 from zerobench.perfmodel.feasibility import breakdown, max_micro_batch
 from zerobench.perfmodel.paper_setups import PAPER_BUCKET
 from zerobench.perfmodel.predict import predict
@@ -148,12 +149,12 @@ def _priced(req: PlanRequest, parallel: ParallelConfig, b: int, ga: int, cal: Ca
     mem = breakdown(req.model, parallel, req.precision_config, b, req.profile, cal, req.attention)
     peak = max(mem.total_bytes, mem.build_bytes)  # training or construction, whichever is higher
     tokens = b * ga * parallel.dp * req.model.seq / pred.step_time_s
-    regime_band = band(req.profile.name, parallel.world_size, parallel.mp, parallel.stage)
+    pct, basis = carried(band(req.profile.name, parallel.world_size, parallel.mp, parallel.stage).value)
     return {
         "layout": layout.label, **asdict(layout), "step_time_s": pred.step_time_s, "tokens_per_s": tokens,
         "tflops_per_gpu": pred.tflops_per_gpu, "mfu": pred.mfu, "memory_bytes": peak,
-        "usable_bytes": mem.usable_bytes, "headroom_bytes": mem.usable_bytes - peak, "band_pct": regime_band.value,
-        "checked": "modelled",
+        "usable_bytes": mem.usable_bytes, "headroom_bytes": mem.usable_bytes - peak, "band_pct": pct,
+        "band_basis": basis, "checked": "modelled",
     }  # fmt: skip
 
 

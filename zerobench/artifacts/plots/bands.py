@@ -1,19 +1,19 @@
-"""Error bars for modelled figures: ±`error_band_pct` % of each modelled value, the held-out error
-of its regime (perfmodel/error_bands.py, docs/perfmodel.md "Error bands"). A value whose regime is
-unvalidated gets no bar; the figure says so in its legend entry."""
+"""Error bars for modelled figures: ±`band_pct` % of each modelled value, the band its row carries
+(its regime's, else the pooled one: perfmodel/error_bands.py, docs/perfmodel.md "Error bands"). A
+value with no band (not modelled) gets no bar."""
 
 from __future__ import annotations
 
 import math
 
-LABEL = "held-out error band (none: unvalidated)"
+LABEL = "error band (its regime's, else pooled)"
 STYLE = dict(fmt="none", ecolor="black", elinewidth=0.8, capsize=2, zorder=5)
 
 
 def _pct(band) -> float | None:
     try:
         pct = float(band)
-    except (TypeError, ValueError):  # "unvalidated", None
+    except (TypeError, ValueError):  # None
         return None
     return None if math.isnan(pct) else pct
 

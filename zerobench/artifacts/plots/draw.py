@@ -119,7 +119,7 @@ def compare(df: pd.DataFrame, fig, source_label: str = "modelled") -> None:
         y = list(range(len(sub)))
         src = sub.source.iloc[0] if "source" in sub and len(sub) else source_label
         ax.barh([v + 0.2 for v in y], sub.ours.fillna(0), 0.4, label=f"ours ({src})")
-        for v, (ours, band) in enumerate(zip(sub.ours, sub.get("error_band_pct", [None] * len(sub)))):
+        for v, (ours, band) in enumerate(zip(sub.ours, sub.get("band_pct", [None] * len(sub)))):
             errorbar(ax, v + 0.2, ours, band, horizontal=True)
         if sub.paper.notna().any():
             ax.barh([v - 0.2 for v in y], sub.paper.fillna(0), 0.4, color="none", edgecolor="black", label="paper")

@@ -55,7 +55,7 @@ def bars(ax, df: pd.DataFrame, group: str, member: str, members: list | None = N
             if pd.notna(r[value]):
                 ax.bar(xi, r[value], width, color=color, hatch=HATCH.get(r.source, ""), edgecolor="white", lw=0)
                 if value == "ours":
-                    errorbar(ax, xi, r[value], r.get("error_band_pct"))
+                    errorbar(ax, xi, r[value], r.get("band_pct"))
             else:
                 ax.text(xi, 0, f" {r.get('status', 'n/a')}", rotation=90, ha="center", va="bottom", fontsize=7)
         ax.bar(0, 0, 0, color=color, label=str(name))  # legend entry only
