@@ -17,6 +17,8 @@ from zerobench.perfmodel import DEFAULT, compute, get_profile, network, predict,
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import gemm_rate, kernel_time
 from zerobench.perfmodel.profile_file import KERNELS
+from zerobench.runtime.trace import trace_step
+from zerobench.trial import TrialSpec
 
 FWD, BWD = 1e10, 2e10  # FLOP/s of every linear shape in the test profile, forward and backward
 CF, CB = 1e-9, 3e-9  # seconds per element (attention: per unit of b·heads·s²·d) of every named kernel
@@ -385,10 +387,11 @@ def test_model_vs_measured_rows_from_a_record():
     assert step.ours == pytest.approx(by_hand) and step.expected == 0.5 and step.allocator == "system"
     assert step.error_pct == pytest.approx(100 * (by_hand - 0.5) / 0.5)
     assert step.measured_comm_s == pytest.approx(0.15)  # 0.3 s of collectives over 2 steps
-    # memory by hand (perfmodel/engine_memory.py): fp32 states 4 + 4 + 8/2 bytes per parameter; per
-    # token of each of 2 layers 4h + 13h fp32 saved; the loss's 3 buffers of b·s × V; the runtime
-    t = 4 * 32
-    peak = 12 * psi + 2 * t * 17 * 64 * 4 + 3 * t * 256 * 4 + 16 * 2**20
+    # memory: the engine's peak as its trace counts it (perfmodel/engine_memory.py is held to it),
+    # plus the runtime's own
+    spec = TrialSpec(MODEL, ParallelConfig(dp=2, stage=1, bucket_bytes=2**20), PrecisionConfig("fp32", "cpu"),
+                     TrainConfig(micro_batch=4))  # fmt: skip
+    peak = trace_step(spec)["peak_bytes"] + 16 * 2**20
     assert mem.expected == 64 and mem.ours == pytest.approx(peak / 2**20)
     assert mem.allocator == "jemalloc" and "memory" in mem.key and "step" not in mem.key
     assert oom.status == "oom" and oom.ours != oom.ours  # NaN: nothing predicted for a failed trial
