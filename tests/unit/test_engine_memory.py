@@ -76,7 +76,6 @@ def test_the_model_is_the_traced_engine(case):
     _check(TrialSpec(m, p, pr, tr), V100)
 
 
-@pytest.mark.parametrize("device, hw", [("cpu", CPU_HOST), ("cuda", V100)])
 @pytest.mark.parametrize(
     "precision, micro_batch, parallel",
     [
@@ -87,10 +86,11 @@ def test_the_model_is_the_traced_engine(case):
         ("fp16", 2, dict(dp=2, mp=2, stage=2, checkpoint_activations=True, partition_activations=True)),
     ],
 )
-def test_the_model_is_the_traced_engine_on_a_cpu_host_and_a_gpu(device, hw, precision, micro_batch, parallel):
-    spec = TrialSpec(model=SMALL, parallel=ParallelConfig(**parallel), precision=PrecisionConfig(precision, device),
+def test_the_model_is_the_traced_engine_on_a_cpu_host(precision, micro_batch, parallel):
+    """16-bit storage computed in fp32: the weights' casts saved, or made again at stage 3."""
+    spec = TrialSpec(model=SMALL, parallel=ParallelConfig(**parallel), precision=PrecisionConfig(precision, "cpu"),
                      train=TrainConfig(micro_batch=micro_batch))  # fmt: skip
-    _check(spec, hw)
+    _check(spec, CPU_HOST)
 
 
 # The issue's table (AE Table 1 and Figs 2, 8), full scale: 3-20 s each on this machine, so CI runs
