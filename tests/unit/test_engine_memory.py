@@ -53,7 +53,8 @@ PAPER = [
     dict(model="gpt-8b", gpus=64, mp=4, stage=3, micro_batch=8),  # stage 3's gathered root in the loss
 ]
 # Off the paper's path: no checkpointing, stage 0, bf16, MP 2 and 8, micro-batches 1 and 2, a second
-# micro-batch (stage 2's reduce-scatter buffer), a small C_B (many buckets in flight).
+# micro-batch (stage 2's reduce-scatter buffer), a small C_B (many buckets in flight), stage 3's
+# small tensors kept whole.
 OTHER = [
     dict(model="gpt-1.5b", gpus=8, mp=1, stage=0, micro_batch=8, checkpoint_activations=False),
     dict(model="gpt-8b", gpus=16, mp=4, stage=1, micro_batch=8, checkpoint_activations=False),
@@ -66,6 +67,7 @@ OTHER = [
     dict(model="gpt-8b", gpus=8, mp=8, stage=0, micro_batch=16, partition_activations=True),
     dict(model="gpt-8b", gpus=16, mp=8, stage=2, micro_batch=2, grad_accum=2, checkpoint_activations=False),
     dict(model="gpt-8b", gpus=16, mp=2, stage=2, micro_batch=2, bucket_mb=16.0),
+    dict(model="gpt-8b", gpus=64, mp=4, stage=3, micro_batch=4, persistence_threshold=100000),  # kept whole
 ]
 
 

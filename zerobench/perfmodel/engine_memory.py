@@ -38,6 +38,7 @@ over MP; P = t·h/N_m, one MP rank's slice.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
@@ -72,13 +73,16 @@ _BLOCK_MODULES = (2, 2, 2, 2, 2, 2)  # ln1, attn.qkv, attn.proj, ln2, mlp.fc, ml
 
 
 @lru_cache(maxsize=256)
-def flat_layout(model: ModelConfig, mp: int, dp: int, stage: int, bucket_numel: int, threshold: int) -> FlatLayout:
+def flat_layout(model: ModelConfig, mp: int, dp: int, stage: int, bucket_numel: int,
+                threshold: int) -> tuple[FlatLayout, int]:  # fmt: skip
     """The engine's own layout of this rank's parameters: C_B buckets packed in order (stages 0–2,
     zero/core.py `packed_layout`) or one bucket per module, small tensors packed apart (stage 3,
-    zero/stage3.py `module_layout`)."""
+    zero/stage3.py `module_layout`), and how many of its buckets are partitioned (at stage 3 those
+    before the packed small tensors; every bucket otherwise)."""
     shapes = rank_shapes(model, mp)
     if stage < 3:
-        return FlatLayout(shapes, dp, bucket_numel)
+        layout = FlatLayout(shapes, dp, bucket_numel)
+        return layout, len(layout.buckets)
     owners = [[0, 1]]  # the GPT itself owns wte and wpe
     i = 2
     for _ in range(model.layers):
@@ -86,21 +90,15 @@ def flat_layout(model: ModelConfig, mp: int, dp: int, stage: int, bucket_numel: 
             owners.append(list(range(i, i + n)))
             i += n
     owners.append([i, i + 1])  # ln_f
-    numel = [_numel(s) for _, s in shapes]
+    numel = [math.prod(s) for _, s in shapes]
     groups = [[j for j in g if numel[j] > threshold] for g in owners]
     groups = [g for g in groups if g]
+    managed = len(groups)
     rest = [j for j in range(len(shapes)) if numel[j] <= threshold]
     if rest:
         packed = FlatLayout([shapes[j] for j in rest], 1, bucket_numel)
         groups += [[rest[k] for k in b.slots] for b in packed.buckets]
-    return FlatLayout(shapes, dp, groups=groups)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return FlatLayout(shapes, dp, groups=groups), managed
 
 
 def compute_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
@@ -110,14 +108,14 @@ def compute_bytes(precision: PrecisionConfig, hw: HardwareProfile) -> int:
     return FP32 if hw.ranks_share_compute else precision.bytes_pgk[0]
 
 
-def model_states(layout: FlatLayout, stage: int, managed_numel: int, precision: PrecisionConfig) -> dict[str, float]:
+def model_states(layout: FlatLayout, stage: int, managed: int, precision: PrecisionConfig) -> dict[str, float]:
     """param, grad and optimizer bytes of the engine built on `layout` (the module docstring)."""
     p, g = precision.bytes_pgk[:2]
     k = 2 * FP32 + (FP32 if p != FP32 else 0)  # Adam's moments, and an fp32 master of 16-bit weights
     padded, shard = layout.padded_numel, layout.shard_numel
     if stage == 3:  # managed buckets chunked, persistent ones whole on every rank
-        chunks = sum(b.chunk for b in layout.buckets[:managed_numel])
-        whole = sum(b.padded for b in layout.buckets[managed_numel:])
+        chunks = sum(b.chunk for b in layout.buckets[:managed])
+        whole = sum(b.padded for b in layout.buckets[managed:])
         return {"param_bytes": p * (chunks + whole), "grad_bytes": g * shard, "optimizer_bytes": k * shard}
     return {
         "param_bytes": p * padded,
@@ -173,8 +171,10 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     """Bytes per rank: the model states (param_bytes, grad_bytes, optimizer_bytes); `activations`,
     what forward keeps for backward; `transient`, the rest of the step's peak (the loss's buffers,
     a block rebuilt and its gradients, gradient buckets, the embedding's gradients, the step's
-    fp32 piece, the token batch), at `moment`; `runtime` (a CPU host's own, measured by calibrate)
-    and `nccl` (a GPU's communicators, outside the allocator). `tensor_peak` adds the tensors."""
+    fp32 piece, the token batch), at `moment`; `runtime` (a CPU host's own, measured by calibrate);
+    `prefetch` (stage 3's gathers ahead of use, which a run holds and the one traced step does not);
+    `outside` (on a GPU, the CUDA context and NCCL's buffers, outside the allocator). `tensor_peak`
+    adds the tensors the trace counts."""
     m, dp, L, stage = parallel.mp, parallel.dp, model.layers, parallel.stage
     p, g = precision.bytes_pgk[:2]
     a = compute_bytes(precision, hw)
@@ -183,8 +183,7 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     stats = 2 * t * FP32  # one LayerNorm's mean and reciprocal deviation, saved for backward
     lse = t * (model.heads // m) * FP32  # attention's log-sum-exp, saved for backward
     rows = -(-model.vocab // m)
-    layout = flat_layout(model, m, dp, stage, parallel.bucket_bytes // p, parallel.persistence_threshold)
-    managed = sum(1 for b in layout.buckets if not _persistent(layout, b, parallel.persistence_threshold))
+    layout, managed = flat_layout(model, m, dp, stage, parallel.bucket_bytes // p, parallel.persistence_threshold)
     states = model_states(layout, stage, managed, precision)
     fixed = sum(states.values()) + micro_batch * dp * grad_accum * (model.seq + 1) * TOKEN
     emb = rows * h * a  # one gradient of the tied embedding (this rank's rows)
@@ -212,7 +211,7 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     # its gradients are reduced (zero/stage3.py); the GPT's own (wte, wpe) from the forward's start
     # and again from the loss's backward to the end. One DP rank gathers nothing.
     gathers = stage == 3 and dp > 1
-    size = [b.padded * p if gathers else 0 for b in layout.buckets]
+    size = [b.padded * p if gathers and b.index < managed else 0 for b in layout.buckets]  # persistent: whole
     root = size[layout.slots[0].bucket]
     moments: dict[str, float] = {}
     # -- the loss -------------------------------------------------------------------------------------
@@ -263,10 +262,10 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
                 live.add(layout.slots[w[params[0]]].bucket)
             gathered = sum(size[b] for b in live)
             # the node's weight and bias gradients (and, at stage 3 on a CPU host, its weight cast again)
-            grads = sum(_numel(layout.slots[w[k]].shape) for k in params) * (a + recast)
+            grads = sum(layout.slots[w[k]].numel for k in params) * (a + recast)
             moments[f"block {i} {name}"] = base + ws + grads + buckets.bytes + gathered
             for k in params:
-                dw = _numel(layout.slots[w[k]].shape) * a
+                dw = layout.slots[w[k]].numel * a
                 handed = base + after + dw + buckets.deliver(w[k]) + gathered
                 moments[f"block {i} {name}, gradients handed over"] = handed
             live -= {layout.slots[w[k]].bucket for k in params}  # released once its reduction started
@@ -299,10 +298,6 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
 def tensor_peak(peak: dict[str, float]) -> float:
     """The tensors' peak (no runtime, no NCCL)."""
     return peak["param_bytes"] + peak["grad_bytes"] + peak["optimizer_bytes"] + peak["activations"] + peak["transient"]
-
-
-def _persistent(layout, bucket, threshold) -> bool:
-    return threshold > 0 and all(layout.slots[j].numel <= threshold for j in bucket.slots)
 
 
 # NCCL's own device memory per communicator, outside the caching allocator: its FIFOs (NCCL_BUFFSIZE,
