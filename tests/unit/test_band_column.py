@@ -60,6 +60,15 @@ def test_one_prediction_is_counted_once_over_the_artifacts():
     assert "1 of 2 judged rows inside their band" in line and "fig7 170B C5 = fig2 ZeRO 170B" in line
 
 
+def test_the_headline_of_tables_without_a_band_reads_none():
+    """A sheet of measured rows only (no modelled row, so no band column), or judged rows none of
+    which carries a band, gives '0 of 0' rather than failing the report."""
+    measured = pd.DataFrame({"key": ["z0 dp1"], "role": ["judged"], "error_pct": [0.5]})
+    unbanded = _table(("ZeRO 1.5B", "judged", 3.0, "a")).assign(inside_band=None)
+    for tables in ({"fig1": measured}, {"fig2": unbanded}, {}):
+        assert "0 of 0 judged rows inside their band" in judged_bands.headline(tables), tables
+
+
 def test_fig2_and_fig7_170b_read_one_prediction():
     """The committed tables name the record they read: Fig 2's ZeRO 170B and Fig 7's 170B C5 are the
     same modelled run, so `once` would count them as one were both judged."""

@@ -86,8 +86,8 @@ def headline(tables: dict[str, pd.DataFrame]) -> str:
     """REPORT's band count over every artifact: judged rows with a band and how many are inside it,
     each prediction counted once (`once`)."""
     rows, twice = once(tables)
-    banded = rows[rows.inside_band.notna()] if "inside_band" in rows else rows.iloc[0:0]
-    inside = int(banded.inside_band.astype(str).str.lower().eq("true").sum())
+    got = _inside(rows)
+    banded, inside = got if got else (rows.iloc[0:0], 0)  # no judged row with a band: 0 of 0
     same = (f"{len(twice)} judged row(s) read a prediction an earlier judged row reads and are counted once: "
             f"{'; '.join(twice)}") if twice else "no two judged rows read the same prediction"  # fmt: skip
     return (f"**Bands over every artifact**: {inside} of {len(banded)} judged rows inside their band, each "
