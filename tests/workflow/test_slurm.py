@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -134,6 +135,17 @@ SHEET = {
 }  # fmt: skip
 
 
+# Built once in the repository, not again through SLURM: the committed CPU calibration (minutes of
+# microbenchmarks; the `calibrate` rule's own test is tests/unit/test_calibrate.py) and the plans that
+# REPORT reads (several minutes of plan_validation; tests/unit/test_plan.py).
+PREBUILT = [
+    "results/profiles/calibrated-cpu.json",
+    "results/plan_validation.csv",
+    *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("results/plan/*.csv"))),
+    *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("figures/plan_*.png"))),
+]
+
+
 def test_slurm_gpu_profile_plans_the_emulated_paper_sheets_one_gpu_each(tmp_path):
     """The paper-scale emulated sheets (one rank of 64-400 GPUs each): every trial one job on one GPU,
     whatever its world's size, started once (no srun), on cuda under the V100's 32 GB."""
@@ -155,6 +167,9 @@ def test_slurm_cpu_profile_runs_a_sheet_on_a_real_cluster(slurm_cluster, tmp_pat
     """A sheet's measured trials go through sbatch; each dp-2 trial is one SLURM step of two tasks,
     each a rank that joined from SLURM's environment; the table and report are built from the records."""
     repo = _copy_workflow(tmp_path / "repo")
+    for path in PREBUILT:  # copied after the workflow, so newer than the inputs they were built from
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, repo / path)
     (repo / "workflows/config/sheets/slurm_check.yaml").write_text(yaml.safe_dump(SHEET, sort_keys=False))
     (repo / "config.yaml").write_text("sheets: [slurm_check]\ndevice: cpu\ntime_limit_s: 300\n")
     out = snakemake(
