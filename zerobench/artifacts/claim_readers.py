@@ -58,8 +58,10 @@ def _source(rows: pd.DataFrame) -> str:
     return ", ".join(sorted({str(s) for s in rows.source.dropna()})) if "source" in rows else "-"
 
 
-def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float] | None = None) -> Reader:
-    """One row's `column` (through `fn`), from a judged or fitted row (fitted: flagged)."""
+def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float] | None = None,
+         carries_fit: bool = True) -> Reader:  # fmt: skip
+    """One row's `column` (through `fn`), from a judged or fitted row (fitted: flagged, unless the
+    column carries no choice of the model: `carries_fit=False`, e.g. a traced figure beside the model's)."""
 
     def read(tables: Tables) -> Reading | str:
         df = _table(tables, table)
@@ -76,6 +78,8 @@ def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float
         value = float(r[column]) if fn is None else fn(float(r[column]))
         paper = float(r.paper) if "paper" in r and pd.notna(r.paper) else None
         basis = f"{table}: {key} ({r.role})"
+        if not carries_fit:
+            return Reading(value, column.split("_")[0], False, f"{table}: {key} {column}", None, None)
         return Reading(value, _source(rows), r.role == "fitted", basis, paper, _band(rows.head(1)))
 
     return read

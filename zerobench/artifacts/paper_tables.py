@@ -128,15 +128,24 @@ def fig5(pairs: Pairs) -> pd.DataFrame:
 
 
 def fig6(pairs: Pairs) -> pd.DataFrame:
-    """Peak memory cached by PyTorch per GPU, GiB (the paper's axis reads GB; paper.md §10.8)."""
+    """Peak memory cached by PyTorch per GPU, GiB (the paper's axis reads GB; paper.md §10.8): the
+    model's cached figure (`ours`) beside the paper's, and the engine's own allocated peak where the
+    sheet traces the same layout (`traced_allocated_gib`, one step under FakeTensorMode with a GPU's
+    semantics), on which the paper's C4 -> C5 claims are read (claims.py)."""
+    traced = {(_size(r), t["zero_config"]): r for t, r in pairs if r["source"] == "traced" and r["status"] == "ok"}
     rows = []
     for t, r in pairs:
+        if r["source"] == "traced":
+            continue
         size, config = _size(r), t["zero_config"]
         p = paper("fig6", "max_memory_cached", model_params_b=size, stage_or_config=config)
         states = r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+        trace = traced.get((size, config))
         rows.append(row("fig6", f"{size:g}B {config}", r["peak_reserved_bytes"] / GiB, p,
                         allocated_gib=r["peak_allocated_bytes"] / GiB, model_states_gib=states / GiB,
                         activations_gib=r["activation_bytes"] / GiB, fits=r["status"] == "ok",
+                        traced_allocated_gib=trace["peak_allocated_bytes"] / GiB if trace else None,
+                        traced_host_gib=(trace.get("host_peak_bytes") or 0) / GiB if trace else None,
                         prediction=prediction(r, "memory cached"), **memory_band()))  # fmt: skip
     return pd.DataFrame(rows)
 

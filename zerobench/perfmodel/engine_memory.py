@@ -320,7 +320,10 @@ NCCL_COMMUNICATOR_BYTES_NO_NVLS = 688e6
 
 
 def nccl_allowance(hw: HardwareProfile) -> float:
-    """NCCL's own bytes per communicator on `hw`'s GPU (both allowances above, not measurements)."""
+    """NCCL's own bytes per communicator on `hw`'s GPU: the profile's, else one of the allowances
+    above (not measurements)."""
+    if hw.nccl_communicator_bytes is not None:
+        return hw.nccl_communicator_bytes
     return NCCL_COMMUNICATOR_BYTES if any(g in hw.gpu for g in NVLS_GPUS) else NCCL_COMMUNICATOR_BYTES_NO_NVLS
 
 

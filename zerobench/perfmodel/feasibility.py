@@ -142,10 +142,9 @@ def breakdown(
     cal: Calibration,
     attention: str = "materialized",
 ) -> MemoryBreakdown:
-    if hw.measured or hw.ranks_share_compute:
-        # this engine on the machine calibrate measured (engine_memory.py): a CPU host, as its RSS
-        # grows, or a GPU, as its allocator hands out. Datasheet profiles still price the paper's
-        # codes below, until the paper's artifacts are judged on the engine's memory.
+    if not (cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads):
+        # this engine's own bytes (engine_memory.py) on every profile; another code's memory
+        # (Calibration's code switches, fitting/external.py) is priced from that code below
         return engine_breakdown(model, parallel, precision, micro_batch, hw, cal)
     p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch

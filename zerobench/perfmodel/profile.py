@@ -60,6 +60,9 @@ class HardwareProfile:
     # minus peak allocated, measured on the device); None: the fitted share of constants.py, lost
     # to fragmentation without contiguous buffers (paper §3.2, §6.1 M_D).
     fragmentation_bytes: float | None = None
+    # NCCL's own device bytes per communicator, outside the allocator; None: engine_memory.py's
+    # allowance for the GPU (`nccl_allowance`: with or without NVLS)
+    nccl_communicator_bytes: float | None = None
     # ((GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s), ...): the host speed probe read at the
     # calibration's start and end (runtime/probe.py). The model never reads it: a measured trial's
     # probe over it says how fast the host ran beside that trial (docs/perfmodel.md)

@@ -102,9 +102,16 @@ def _with_size_and_config(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fig6(df: pd.DataFrame, fig) -> None:
-    ax = fig.subplots()
-    bars(ax, _with_size_and_config(df), "size", "config", CONFIGS)
-    ax.set(xlabel="model size", ylabel="PyTorch cached memory per GPU (GB)")
+    """The model's cached bytes beside the paper's (left) and the engine's traced allocated peak
+    (right, where the sheet traced it), on one scale."""
+    df = _with_size_and_config(df)
+    traced = "traced_allocated_gib" in df and df.traced_allocated_gib.notna().any()
+    axes = fig.subplots(1, 2, sharey=True) if traced else [fig.subplots()]
+    bars(axes[0], df, "size", "config", CONFIGS)
+    axes[0].set(xlabel="model size", ylabel="memory per GPU (GiB)", title="cached: modelled vs paper")
+    if traced:
+        bars(axes[1], df, "size", "config", CONFIGS, value="traced_allocated_gib")
+        axes[1].set(xlabel="model size", title="allocated: the engine, traced")
 
 
 def fig7(df: pd.DataFrame, fig) -> None:
