@@ -44,6 +44,7 @@ def _run(r: dict) -> dict:
         status=r["status"],
         error_band_pct=r.get("error_band_pct"),  # the regime's band (modelled): judged_bands.add reads it
         prediction=prediction(r, "TFLOPS/GPU"),
+        capped_by=r.get("capped_by"),  # the listed batch's need, by term, where it did not fit
     )
     if r["status"] == "ok":
         out.update({col: r.get(field) for field, col in TIMES.items()})

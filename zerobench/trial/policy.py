@@ -73,10 +73,19 @@ def searched(policies: Mapping) -> str | None:
 
 def search(spec: TrialSpec, field: str, attempt: Callable[[TrialSpec], dict]) -> dict:
     """`attempt(spec)` at the largest `field` ("micro_batch" or "layers") that fits, up to the
-    spec's; the record carries `listed_<field>`, `policy` and `attempts`."""
+    spec's; the record carries `listed_<field>`, `policy` and `attempts`, and where the listed size
+    did not fit, `capped_by`: that attempt's error (what it needed, by term)."""
     upper = size(spec, field)
-    record, attempts = largest_that_fits(lambda value: attempt(at_size(spec, field, value)), upper)
-    return {**record, f"listed_{field}": upper, "policy": f"largest_fits {field}", "attempts": attempts}
+    at_listed = {}
+
+    def attempt_at(value: int) -> dict:
+        record = attempt(at_size(spec, field, value))
+        at_listed.setdefault("error", record.get("error"))  # the first attempt is the listed size
+        return record
+
+    record, attempts = largest_that_fits(attempt_at, upper)
+    capped = {"capped_by": at_listed["error"]} if attempts[0][1] == "oom" else {}
+    return {**record, f"listed_{field}": upper, "policy": f"largest_fits {field}", "attempts": attempts, **capped}
 
 
 def listed_flags(spec: TrialSpec, listed: TrialSpec) -> list[str]:
