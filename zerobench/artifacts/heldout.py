@@ -51,10 +51,12 @@ def heldout_section(results: Path) -> str | None:
     loso, hold = pd.read_csv(loso_path), pd.read_csv(hold_path)
     cannot = hold[hold.expressible.astype(str).str.strip() != "yes"]
     head = HEAD
-    expressed = hold[hold.expressible.astype(str).str.strip() == "yes"]
+    expressed = _expressed(hold)
     seen, unseen = expressed[expressed.role == "validation"], expressed[expressed.role == "holdout"]
     history = "; ".join(sorted(hold.history.dropna().astype(str).str.split(";").str[0].unique()))
-    oom = expressed[~expressed.model_fits.astype(str).str.lower().isin(("true", "1"))]
+    oom = _called_oom(expressed)
+    earlier = [(path.stem.rsplit("_", 1)[1], len(_called_oom(_expressed(pd.read_csv(path)))))
+               for path in sorted(Path(results).glob("external_holdout_at_*.csv"))]  # fmt: skip
     oom_lines = [f"- {r.source}: {r.model} on {int(r.gpus)} {r.hardware} (MP {int(r.mp)}, stage {int(r.stage)}, "
                  f"micro-batch {int(r.micro_batch)})" for r in oom.itertuples()]  # fmt: skip
     return "\n\n".join([
@@ -64,7 +66,8 @@ def heldout_section(results: Path) -> str | None:
         "choices were made while these rows were in view, so they are validation, not held out.",
         head + "\n" + "\n".join(_rows(loso, "source")),
         f"**Entered as holdout**: {len(hold)} runs of {hold.source.nunique()} sources entered before any model "
-        f"change (`results/external_holdout.csv`), every expressed one {history}: it was scored twice, not once. "
+        f"change (`results/external_holdout.csv`), every expressed one {history}: it was scored {len(earlier) + 1} "
+        "times, not once; each earlier record is kept (`external_holdout_at_<revision>.csv`). "
         f"{len(cannot)} runs the model cannot express (pipeline stages, unstated layouts) are kept there with the "
         "reason and not scored.",
         _scored(seen, f"**Now validation** ({len(seen)} runs: {', '.join(sorted(seen.source.unique()))}). The "
@@ -74,12 +77,23 @@ def heldout_section(results: Path) -> str | None:
                 "runs are validation, not holdout."),
         _scored(unseen, f"**Holdout** ({len(unseen)} runs, no choice of the model made on them): the first "
                 "scoring was by a model built before they were seen; the second after the collective schedule, "
-                "which was not designed on them."),
+                "which was not designed on them; the third after the model's memory became the engine's, which moves "
+                "memory verdicts only."),
         _sensitivity(Path(results) / "external_sensitivity.csv"),
         f"**Out of memory, says the model, for {len(oom)} of the {len(expressed)} expressed holdout runs**, all "
-        "of which trained:" + ("\n" + "\n".join(oom_lines) if oom_lines else " none."),
+        "of which trained (at the earlier scorings: " + ", ".join(f"{n} at {rev}" for rev, n in earlier) + "):"
+        + ("\n" + "\n".join(oom_lines) if oom_lines else " none."),
         _bands_table(results),
     ])  # fmt: skip
+
+
+def _expressed(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df.expressible.astype(str).str.strip() == "yes"]
+
+
+def _called_oom(expressed: pd.DataFrame) -> pd.DataFrame:
+    """The expressed runs the memory model calls out of memory (every one of them trained)."""
+    return expressed[~expressed.model_fits.astype(str).str.lower().isin(("true", "1"))]
 
 
 def _sensitivity(path: Path) -> str:
@@ -141,7 +155,7 @@ def coverage_text(check: pd.DataFrame) -> str:
     p = at_most_p(inside, n)
     said = "fails" if p < 0.05 else "is consistent with"
     return (f"**Coverage** (`{COVERAGE_CSV}`): {inside} of {n} runs that set no band and moved no choice "
-            f"({sources}: holdout rows scored twice, `history` in external_holdout.csv, no choice made on "
+            f"({sources}: holdout rows scored more than once, `history` in external_holdout.csv, no choice made on "
             f"them) fall inside the band the validation runs set for their regime (n = {n}); at the declared "
             f"{COVERAGE:.0%} as few or fewer inside has probability {p:.2f} (one-sided binomial), so the count "
             f"{said} the declared coverage. The validation runs are not counted: they set the bands.")  # fmt: skip

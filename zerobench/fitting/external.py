@@ -4,8 +4,9 @@ committed before any fitting; docs/perfmodel.md).
 
 Splits: `fit` rows give the per-GPU constants, `validation` rows were looked at while the model was
 built, and `holdout` rows were entered in a commit of their own before any model change (`load`
-hands them out only when asked by name, so no fit reads them). They were scored twice (SCORINGS):
-before any model change, and after the collective schedule and the implementation profiles. A
+hands them out only when asked by name, so no fit reads them). They were scored three times
+(SCORINGS): before any model change, after the collective schedule and the implementation profiles,
+and after the model's memory became the engine's (each earlier record kept, `kept_scoring`). A
 holdout row some choice of the model was made on (perfmodel/choices.py: `deepspeed-0.3` for
 megatron-lm-2021, designed after its first score) is validation since (`role`, `history`).
 A published run the model cannot express (pipeline stages, an unstated layout) keeps its row, with
@@ -64,8 +65,15 @@ IMPLEMENTATION = {"megatron-lm-2021": "deepspeed-0.3"}
 # Each scoring of the holdout rows: (revision that scored, what the model was then). The first's
 # predictions are kept beside the current ones (results/external_holdout_at_6a41b00.csv).
 SCORINGS = (("6a41b00", "before any model change"),
-            ("b2c03e2", "after the collective schedule, the NCCL table and the implementation profiles"))  # fmt: skip
+            ("b2c03e2", "after the collective schedule, the NCCL table and the implementation profiles"),
+            ("dc07f7e", "after the model's memory became this engine's (engine_memory.py): the memory verdicts "
+                        "move, no throughput term"))  # fmt: skip
 FIRST_SCORE = HOLDOUT_OUT.with_name(f"external_holdout_at_{SCORINGS[0][0]}.csv")
+
+
+def kept_scoring(rev: str) -> Path:
+    """Where an earlier scoring's record is kept (every scoring but the current)."""
+    return HOLDOUT_OUT.with_name(f"external_holdout_at_{rev}.csv")
 
 
 def load(splits: tuple[str, ...] = SEEN, path: Path = DATA) -> pd.DataFrame:
@@ -164,9 +172,10 @@ def label(df: pd.DataFrame, first: Path = FIRST_SCORE) -> pd.DataFrame:
     before = pd.read_csv(first)
     if len(before) != len(df) or list(before.source) != list(df.source) or list(before.gpus) != list(df.gpus):
         raise ValueError(f"{first.name}: its rows are not the holdout's, in order")
-    (rev0, what0), (rev1, what1) = SCORINGS
     roles = df.source.map(role)
-    history = [f"scored at {rev0} ({what0}) and at {rev1} ({what1})"
+    *earlier, last = [f"at {rev} ({what})" for rev, what in SCORINGS]
+    scored = f"scored {', '.join(earlier)} and {last}"
+    history = [scored
                + ("; a choice of the model was made on it after the first (perfmodel/choices.py): validation"
                   if r == "validation" else "; no choice of the model was made on it")
                for r in roles]  # fmt: skip
