@@ -50,21 +50,6 @@ def test_a_reverted_choice_moves_exactly_the_rows_the_ledger_names(choice, paper
     assert got == named
 
 
-def test_the_logits_peak_moves_the_fig2_rows_the_ledger_names(paper_pairs, monkeypatch):
-    """The model has no switch for the logits' peak, so it is taken out here: the fig2 rows (the
-    artifact it was chosen on) that move are the ones the ledger names."""
-    from zerobench.perfmodel import feasibility
-
-    builder = registry.resolve(registry.entry("fig2").table)
-    now = builder(paper_pairs["fig2"]).set_index("key")
-    monkeypatch.setattr(feasibility, "logits_bytes", lambda *args: 0.0)
-    bare = builder(choice_readings._undone(paper_pairs["fig2"], {})).set_index("key")
-    rows = now.index[now.role.isin(("judged", "fitted"))]
-    got = {("fig2", k) for k in rows if not np.isclose(now.at[k, "ours"], bare.at[k, "ours"], equal_nan=True)}
-    (logits,) = [c for c in choices.CHOICES if c.name == "logits peak summed"]
-    assert got == set(logits.rows)
-
-
 def test_a_choice_naming_no_row_must_say_why():
     with pytest.raises(ValueError, match="why"):
         choices.Choice("x", "switch", "a switch", (), "abc1234")

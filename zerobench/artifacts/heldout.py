@@ -58,7 +58,8 @@ def heldout_section(results: Path) -> str | None:
     earlier = [(path.stem.rsplit("_", 1)[1], len(_called_oom(_expressed(pd.read_csv(path)))))
                for path in sorted(Path(results).glob("external_holdout_at_*.csv"))]  # fmt: skip
     oom_lines = [f"- {r.source}: {r.model} on {int(r.gpus)} {r.hardware} (MP {int(r.mp)}, stage {int(r.stage)}, "
-                 f"micro-batch {int(r.micro_batch)})" for r in oom.itertuples()]  # fmt: skip
+                 f"micro-batch {int(r.micro_batch)}; the model's largest {int(r.model_max_micro_batch)}; needs "
+                 f"{getattr(r, 'model_memory_gb', '?')} GB)" for r in oom.itertuples()]  # fmt: skip
     return "\n\n".join([
         "## Validation and holdout: the model on published runs",
         "**Leave-one-source-out validation**: each A100 source's validation rows, predicted with the "

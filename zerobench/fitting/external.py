@@ -93,9 +93,10 @@ def expressible(df: pd.DataFrame) -> pd.Series:
     return df.expressible.astype(str).str.strip() == "yes"
 
 
-def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, bool, int]:
-    """(the row's metric as the model predicts it, fits, largest micro-batch), under the row's
-    `implementation` profile unless another is given (a sensitivity variant)."""
+def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, bool, int, str]:
+    """(the row's metric as the model predicts it, fits, largest micro-batch, the memory it needs by
+    term against what is usable, GB), under the row's `implementation` profile unless another is
+    given (a sensitivity variant)."""
     model = ModelConfig(layers=int(r.layers), hidden=int(r.hidden), heads=int(r.heads), seq=int(r.seq),
                         vocab=int(r.vocab), name=r.model)  # fmt: skip
     parallel = ParallelConfig(dp=int(r.gpus) // int(r.mp), mp=int(r.mp), stage=int(r.stage),
@@ -113,7 +114,8 @@ def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, 
         value = int(r.micro_batch) * int(r.grad_accum) * int(r.seq) / step / int(r.mp)
     else:
         raise ValueError(f"metric={r.metric!r}: must be step_time_s, tflops_per_gpu or tokens_per_s_per_gpu")
-    return value, pred.fits, pred.max_micro_batch
+    mem = pred.memory
+    return value, pred.fits, pred.max_micro_batch, f"{mem.terms()}; {mem.usable_bytes / 1e9:.1f} usable"
 
 
 def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -122,11 +124,12 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
     df = load(path=path) if rows is None else rows.copy()
     df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)  # the trial field
     can = expressible(df)
-    none = (float("nan"), False, 0)
+    none = (float("nan"), False, 0, "")
     out = [_predicted(r, cal) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]
     df["predicted"] = [o[0] for o in out]
     df["model_fits"] = [o[1] for o in out]
     df["model_max_micro_batch"] = [o[2] for o in out]
+    df["model_memory_gb"] = [o[3] for o in out]
     df["error_pct"] = 100 * (df.predicted - df.value) / df.value
     return df
 

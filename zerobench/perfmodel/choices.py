@@ -86,6 +86,13 @@ CHOICES = (
            "the range's bottom, 544 MB", (), "5ead74c", without=(("nccl_communicator_bytes", 544e6),),
            carriers=_NCCL, rows_judged_because="the 170B rows in view fit at their listed batch at 544 MB too, so it "
            "moves none of them; the memory rows it moves carry it"),
+    Choice("H200 memory margins", "margin", "the H200's unusable bytes measured on our card (hardware.py "
+           "H200_RESERVE_BYTES: the driver's 615 MiB plus an assumed 400 MB CUDA context) and the caching "
+           "allocator's overhead, H200_FRAGMENTATION_BYTES: the largest peak reserved minus allocated of the twelve "
+           "H200 runs (2.28 GB), in place of the V100's fitted 10.5 %; with the V100's terms 2 of the 12 are called "
+           "out of memory", (), "6707047", rows_judged_because="it decides only whether a layout fits an H200; "
+           "no H200 row's number (results/gpu/h200/compare.csv: time and allocated bytes) and no paper row moves "
+           "with it"),
     Choice("per_hardware", "fitted", "A100 and H100 tokens_half and elementwise_traffic, on each GPU's fit rows",
            _rows("per_hardware"), "4b2dfcb"),
     Choice("h200 = h100 compute constants", "mapping", "the H200 takes the H100's fitted tokens_half and "

@@ -1,8 +1,10 @@
 """Memory feasibility per GPU: what is resident, whether it fits, the largest batch and model.
 
-On a measured profile (one `zerobench calibrate` wrote: this engine's own machine, CPU or GPU) the
-bytes are this engine's, as `zerobench trace` counts them (engine_memory.py). On a datasheet
-profile they are the paper's codes', per GPU, in bytes (paper §3, §5, §6):
+On every profile the bytes are this engine's, as `zerobench trace` counts them (engine_memory.py),
+against what the card leaves its tensors: the CUDA context and NCCL's buffers named outside the
+allocator, the allocator's own overhead, measured where a card was, else fitted (`engine_breakdown`,
+`allocator_bytes`). A published run of another code is priced from that code's formulas
+(`code_breakdown`, selected by Calibration's code switches), per GPU, in bytes (paper §3, §5, §6):
 - model states: the paper's formulas per stage (zerobench/memory.py; Ψ/N_m per MP rank, then /N_d);
 - activation checkpoints: one per layer, b·s·h 16-bit elements, replicated on every MP rank, /N_m
   with P_a, ≈0 on the device with P_a+cpu (only the layer being moved is staged);
@@ -95,6 +97,12 @@ class MemoryBreakdown:
     def fits(self) -> bool:
         return self.trains and self.builds
 
+    def terms(self) -> str:
+        """The training peak's terms in GB, largest first: which one does not fit."""
+        terms = {"model states": self.model_state_bytes, "activations": self.checkpoint_bytes,
+                 "transient": self.working_bytes, "buffers": self.buffer_bytes}  # fmt: skip
+        return ", ".join(f"{k} {v / 1e9:.1f}" for k, v in sorted(terms.items(), key=lambda kv: -kv[1]) if v)
+
     def cached_bytes(self, cal: Calibration) -> float:
         """What PyTorch's caching allocator holds at peak: the allocated peak plus a share of the
         free headroom kept as cached blocks (the paper's Fig 6 metric)."""
@@ -142,10 +150,26 @@ def breakdown(
     cal: Calibration,
     attention: str = "materialized",
 ) -> MemoryBreakdown:
-    if not (cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads):
-        # this engine's own bytes (engine_memory.py) on every profile; another code's memory
-        # (Calibration's code switches, fitting/external.py) is priced from that code below
-        return engine_breakdown(model, parallel, precision, micro_batch, hw, cal)
+    """A rank's memory: this engine's own (`engine_breakdown`) on every profile, or, where the
+    calibration says another code ran (its code switches: fitting/external.py CODE), that code's
+    (`code_breakdown`)."""
+    if cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads:
+        return code_breakdown(model, parallel, precision, micro_batch, hw, cal, attention)
+    return engine_breakdown(model, parallel, precision, micro_batch, hw, cal)
+
+
+def code_breakdown(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    micro_batch: int,
+    hw: HardwareProfile,
+    cal: Calibration,
+    attention: str = "materialized",
+) -> MemoryBreakdown:
+    """The memory of the paper's 2020 codes and of the codes published runs used, from the formulas
+    of the module docstring (`Calibration`'s code switches select FSDP, a fused cross-entropy and
+    NeMo's fp32 main gradients)."""
     p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)

@@ -179,7 +179,7 @@ def model_record(
     if not pred.fits:
         needs = mem.total_bytes if mem.builds else max(mem.total_bytes, mem.build_bytes)
         phase = "" if mem.builds else " to build the engine" if mem.trains else " to build and to train"
-        msg = (f"needs {needs / 1e9:.1f} GB per GPU{phase} ({_terms(mem)}), {mem.usable_bytes / 1e9:.1f} GB usable; "
+        msg = (f"needs {needs / 1e9:.1f} GB per GPU{phase} ({mem.terms()}), {mem.usable_bytes / 1e9:.1f} GB usable; "
                f"largest micro-batch that fits: {pred.max_micro_batch}")  # fmt: skip
         return new_record("modelled", status="oom", error=msg, extra=extra, **fields)
     step = pred.step_time_s
@@ -193,13 +193,6 @@ def model_record(
         "modelled", step_time_s=step, step_time_min_s=step, step_time_max_s=step, samples_per_s=samples,
         tokens_per_s=samples * model.seq, tflops_per_gpu=pred.tflops_per_gpu, mfu=pred.mfu, extra=extra, **fields,
     )  # fmt: skip
-
-
-def _terms(mem) -> str:
-    """The training peak's terms in GB, largest first: which one does not fit."""
-    terms = {"model states": mem.model_state_bytes, "activations": mem.checkpoint_bytes,
-             "transient": mem.working_bytes, "buffers": mem.buffer_bytes}  # fmt: skip
-    return ", ".join(f"{k} {v / 1e9:.1f}" for k, v in sorted(terms.items(), key=lambda kv: -kv[1]) if v)
 
 
 def estimate_text(

@@ -76,14 +76,19 @@ def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trac
         raise ConfigError("verify=emulate: needs a local CUDA GPU (one rank of each layout runs on it); "
                           "none here: use --verify trace")  # fmt: skip
     check = (lambda r: traced(req, r, tracer)) if how == "trace" else (lambda r: emulated(req, r))
-    done, dropped, passed = {}, {}, 0
-    for candidate in shown(rows, req.top * TRIES):
-        if passed == req.top:
+    done, dropped, passed = {}, {}, set()  # passed: the ranks a checked layout holds
+    for _ in range(req.top * TRIES):
+        # the best layout left, of a rank none has passed yet: after a failure, a variant of it that
+        # needs less memory or has more usable (not dropped) is next
+        left = [r for r in rows if r["layout"] not in dropped and r["layout"] not in done and r["rank"] not in passed]
+        if len(passed) == req.top or not left:
             break
+        candidate = shown(left, 1)[0]
         row = check({k: v for k, v in candidate.items() if k != "alike"})
         done[row["layout"]] = row
         fits = row.get("traced_fits", row.get("emulated_fits"))
-        passed += bool(fits)
+        if fits:
+            passed.add(candidate["rank"])
         if not fits:
             dropped[row["layout"]] = row
             for alike in rows:
