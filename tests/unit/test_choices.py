@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 

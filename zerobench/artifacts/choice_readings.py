@@ -54,9 +54,9 @@ def add(name: str, builder: Callable[[Pairs], pd.DataFrame], pairs: Pairs, table
     if not choices:
         return table
     table = table.assign(ours_without_choice=float("nan"), error_without_choice_pct=float("nan"))
-    undo: dict[str, dict] = {}  # key -> the changes that undo every reversible choice made on it
+    undo: dict[str, dict] = {}  # key -> the changes that undo every reversible choice it was made on or carries
     for c in CHOICES:
-        for a, key in c.rows:
+        for a, key in c.rows + c.carriers:
             if a == name and c.name in choices:
                 undo.setdefault(key, {}).update(choices[c.name])
     undo_of = table.key.map(lambda k: tuple(sorted(undo.get(k, {}).items())))

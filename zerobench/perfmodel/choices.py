@@ -153,8 +153,10 @@ def fitted_rows(artifact: str | None = None) -> dict[tuple[str, str], tuple[str,
 
 
 def reversible(artifact: str) -> dict[str, dict]:
-    """The choices of `artifact`'s rows that the model can undo: name -> {field: value}."""
-    return {c.name: dict(c.without) for c in CHOICES if c.without and any(a == artifact for a, _ in c.rows)}
+    """The choices of `artifact`'s rows (made on them or carried by them) that the model can undo:
+    name -> {field: value}."""
+    return {c.name: dict(c.without) for c in CHOICES
+            if c.without and any(a == artifact for a, _ in c.rows + c.carriers)}  # fmt: skip
 
 
 def markdown() -> str:
