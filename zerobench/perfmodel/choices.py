@@ -110,7 +110,7 @@ CHOICES = (
     Choice("listed batches capped to what fits", "switch", "a listed micro-batch the memory model calls out of "
            "memory is lowered to the largest that fits (`micro_batch_policy: largest_fits`), chosen with fig2, fig3, "
            "fig7 and fig8's scores in view (75e1158's message); on the engine's memory it lowers one paper row, "
-           "fig7 60B C3 (listed 12, fits 11); without it that row is out of memory, no number",
+           "fig7 60B C3 (listed 32, fits 11); without it that row is out of memory, no number",
            (("fig7", "60B C3"),), "75e1158", without=(("micro_batch_policy", "listed"),)),
     Choice("tensor-core alignment", "switch", "on the V100 profile (CUDA 10.0), a head size not a multiple of 8 "
            "runs the attention scores' GEMMs without tensor cores at 31.4 TFLOPS (hardware.py "
