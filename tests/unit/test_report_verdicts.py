@@ -62,3 +62,15 @@ def test_every_projection_carries_its_band(name):
     assert modelled.band_basis.str.match(r"regime|pooled").all()
     if name == "today":  # no reference: a projection, never judged
         assert set(df.role) == {"projection"}
+
+
+def test_the_report_counts_the_paper_runs_scored_below_their_listed_batch():
+    """Each paper row run at a smaller micro-batch than the paper's, with what the listed batch needs
+    by term; on the committed results, Fig 7's C3 alone (batch 32 without P_a: its checkpoints)."""
+    tables = {n: pd.read_csv(RESULTS / f"{n}.csv") for n in ("table2", "fig2", "fig3", "fig5", "fig6", "fig7", "fig8")}
+    line = report.capped(tables)
+    assert "calls out of memory at the paper's batch**: 1 paper run(s)" in line
+    assert "fig7 60B C3 (micro-batch 11; needs" in line and "activations" in line
+    assert line in (RESULTS / "REPORT.md").read_text()
+    none = {"fig2": pd.DataFrame({"key": ["ZeRO 1.5B"], "micro_batch": [24], "capped_by": [None]})}
+    assert "**: 0 paper run(s)" in report.capped(none)

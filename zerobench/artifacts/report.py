@@ -281,6 +281,21 @@ def write_report(
         "| artifact | source | judged points | mean abs error % | worst % | inside band | not judged | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    table = "\n".join(head[2:] + summary) + "\n\n" + headline(read)
+    table = "\n".join(head[2:] + summary) + "\n\n" + headline(read) + "\n\n" + capped(read)
     text = "\n\n".join(head[:2]) + "\n\n" + table + "\n\n" + "\n\n".join(sections) + "\n"
     Path(out).write_text(text)
+
+
+# the artifacts whose rows are the paper's own runs, each at the micro-batch its AE table lists (`today`
+# runs the paper's layouts on other GPUs at the largest batch under a bound of its own)
+PAPER_RUNS = ("table2", "fig2", "fig3", "fig5", "fig6", "fig7", "fig8")
+
+
+def capped(tables: dict[str, pd.DataFrame]) -> str:
+    """REPORT's count of the paper's runs (all of which trained) that the memory model scores at a
+    smaller micro-batch than the paper listed, each with what the listed batch needs (`capped_by`)."""
+    rows = [f"{name} {r.key} (micro-batch {int(r.micro_batch)}; {r.capped_by})" for name, df in tables.items()
+            if name in PAPER_RUNS and "capped_by" in df for r in df[df.capped_by.notna()].itertuples()]  # fmt: skip
+    return (f"**Trained runs the memory model calls out of memory at the paper's batch**: {len(rows)} paper "
+            "run(s), each scored at the largest micro-batch that fits" + (": " + "; ".join(rows) if rows else "")
+            + "; the published runs of the holdout: below, under *Out of memory, says the model*.")
