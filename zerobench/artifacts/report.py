@@ -296,6 +296,7 @@ def capped(tables: dict[str, pd.DataFrame]) -> str:
     smaller micro-batch than the paper listed, each with what the listed batch needs (`capped_by`)."""
     rows = [f"{name} {r.key} (micro-batch {int(r.micro_batch)}; {r.capped_by})" for name, df in tables.items()
             if name in PAPER_RUNS and "capped_by" in df for r in df[df.capped_by.notna()].itertuples()]  # fmt: skip
+    listed = ": " + "; ".join(rows) if rows else ""
     return (f"**Trained runs the memory model calls out of memory at the paper's batch**: {len(rows)} paper "
-            "run(s), each scored at the largest micro-batch that fits" + (": " + "; ".join(rows) if rows else "")
-            + "; the published runs of the holdout: below, under *Out of memory, says the model*.")
+            f"run(s), each scored at the largest micro-batch that fits{listed}; the published runs of the "
+            "holdout: below, under *Out of memory, says the model*.")  # fmt: skip
