@@ -62,6 +62,13 @@ def _tables() -> dict[str, pd.DataFrame]:
         ),
         "fig2": _fig2(),
         "fig5": _rows(("C1", 40.0, 40.0, "judged"), ("C4", 400.0, 140.0, "fitted"), ("C5", 150.0, 150.0, "judged")),
+        # the cached figures are fitted (cache_headroom); the traced allocated peaks carry no choice
+        "fig6": _rows(
+            *(
+                (f"{size}B C{c}", 20.0, 19.8, "fitted", {"traced_allocated_gib": gib})
+                for size, c, gib in ((40, 4, 10.0), (40, 5, 9.0), (100, 4, 25.0), (100, 5, 20.0))
+            )
+        ),  # fmt: skip
         "fig3": _rows(
             ("64 GPUs", 30.0, 25.6, "judged"),
             ("400 GPUs", 36.0, 36.5, "judged"),
@@ -105,6 +112,8 @@ def test_each_claim_reads_ours_from_the_tables_by_hand():
         "fig3_superlinear": 36.0 / 30.0,
         "superlinear_doubling": 1.03,
         "superlinear_doubling_shared_host": 0.8,
+        "fig6_40b_c5_no_drop": 9.0 / 10.0,  # read from fitted rows, but from their traced column: judged
+        "fig6_100b_c5_drop": 20.0 / 25.0,
         "comm_stage3_1_5x": 1.5,
         "comm_stage12_1x": 1.0,
     }
@@ -114,6 +123,7 @@ def test_each_claim_reads_ours_from_the_tables_by_hand():
     assert got.loc["table1_every_cell", "paper"] == 0.12  # that row's own paper number
     assert got.loc["comm_stage3_1_5x", "source"] == "measured"
     assert got.loc["table1_1t_1024", "source"] == "traced"
+    assert got.loc["fig6_100b_c5_drop", "source"] == "traced" and got.loc["fig6_100b_c5_drop", "verdict"] != UNTESTABLE
 
 
 def test_paper_numbers_come_from_the_reference_with_their_bounds():

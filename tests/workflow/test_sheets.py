@@ -4,6 +4,7 @@ measured trials."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -16,10 +17,11 @@ import yaml
 
 from zerobench import cli
 from zerobench.artifacts import tables
-from zerobench.engine.config import PRESETS, ConfigError, ParallelConfig, PrecisionConfig
+from zerobench.engine.config import PRESETS, ConfigError, PrecisionConfig
 from zerobench.perfmodel import get_profile
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import max_micro_batch
+from zerobench.perfmodel.paper_setups import zero_parallel
 from zerobench.sweeps import groups as sweep
 from zerobench.sweeps import sheets
 from zerobench.trial.policy import largest_that_fits
@@ -84,17 +86,18 @@ def test_largest_that_fits_bisects_to_the_exact_boundary():
 
 
 def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
-    model, hw = PRESETS["gpt-170b"], get_profile("v100-32gb-dgx2")
-    par = ParallelConfig(dp=25, mp=16, stage=2, checkpoint_activations=True, partition_activations=True,
-                         offload_activations=True, contiguous_buffers=True, bucket_bytes=700_000_000)  # fmt: skip
+    # Fig 7's 60B C3 (P_os+g, no P_a) at AE Table 5's batch 32: 40 GB of checkpoints on a V100
+    model, hw = dataclasses.replace(PRESETS["gpt-60b-scaling"], heads=64), get_profile("v100-32gb-dgx2")
+    par = zero_parallel(128, 16, "C3")  # C_B and M_D with it
     fits = max_micro_batch(model, par, PrecisionConfig(mode="fp16", device="cuda"), hw, DEFAULT)
-    assert 1 < fits < 12  # the paper's listed 12 does not fit 170B: a real step-down
-    trial = dict(source="modelled", model="gpt-170b", gpus=400, mp=16, zero_config="C5", checkpoint_activations=True,
-                 bucket_mb=700_000_000 / 2**20, precision="fp16", micro_batch=12,
+    assert 1 < fits < 32  # the paper's listed 32 does not fit: a real step-down
+    trial = dict(source="modelled", model="gpt-60b-scaling", heads=64, gpus=128, mp=16, zero_config="C3",
+                 checkpoint_activations=True, bucket_mb=700_000_000 / 2**20, precision="fp16", micro_batch=32,
                  micro_batch_policy="largest_fits")  # fmt: skip
     record = sweep.model_trial(trial)
-    assert record["status"] == "ok" and record["micro_batch"] == fits and record["listed_micro_batch"] == 12
-    assert record["attempts"][0] == [12, "oom"] and [fits, "ok"] in record["attempts"]
+    assert record["status"] == "ok" and record["micro_batch"] == fits and record["listed_micro_batch"] == 32
+    assert record["attempts"][0] == [32, "oom"] and [fits, "ok"] in record["attempts"]
+    assert "needs" in record["capped_by"] and "activations" in record["capped_by"]  # what did not fit, by term
 
 
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):

@@ -168,6 +168,14 @@ class _Buckets:
 
 def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
                 hw: HardwareProfile, grad_accum: int = 1) -> dict[str, float]:  # fmt: skip
+    """`_peak`'s dict, a copy of the cached one: a fit or a plan prices the same layout's memory many
+    times (the compute constants it varies never change it)."""
+    return dict(_peak(model, parallel, precision, micro_batch, hw, grad_accum))
+
+
+@lru_cache(maxsize=4096)
+def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
+          hw: HardwareProfile, grad_accum: int) -> dict[str, float]:  # fmt: skip
     """Bytes per rank: the model states (param_bytes, grad_bytes, optimizer_bytes); `activations`,
     what forward keeps for backward; `transient`, the rest of the step's peak (the loss's buffers,
     a block rebuilt and its gradients, gradient buckets, the embedding's gradients, the step's
