@@ -166,7 +166,7 @@ def test_smoke_run_writes_parseable_results(tmp_path):
     # committed results/ untouched: the smoke run wrote only under tmp_path
     assert not any(p.name.startswith("measured_tiny-dp2") for p in (ROOT / "results/runs").glob("*.json"))
     # a sweep interrupted before one trial and what depends on it redoes exactly those
-    trial = tmp_path / "results/runs/measured_tiny-dp2-z0-bf16-n1-w1.json"
+    trial = tmp_path / "results/runs/measured_tiny-dp2-z0-bf16-b2-n3-w0-seed0.json"  # fig1, comm_volume, smoke
     for path in (
         trial,
         tmp_path / "results/fig1.csv",
