@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_workflow import snakemake
 
 from zerobench import cli
 from zerobench.artifacts import tables
@@ -27,7 +27,6 @@ from zerobench.sweeps import sheets
 from zerobench.trial.policy import largest_that_fits
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 
 def _sheet(tmp_path: Path, trials: list[dict], table: str = "sweep") -> Path:
@@ -181,12 +180,8 @@ def test_paper_sheet_switched_to_measured_plans_engine_trials_on_slurm(tmp_path)
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, repo / name)
     sheet = repo / "workflows/config/sheets/fig2.yaml"
     sheet.write_text(sheet.read_text().replace("source: modelled", "source: measured"))
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    out = subprocess.run(
-        [str(BIN / "snakemake"), "-n", "-p", "--verbose", "--workflow-profile", "workflows/profiles/slurm",
-         "results/fig2.csv"],
-        cwd=repo, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    out = snakemake("-n", "-p", "--verbose", "--workflow-profile", "workflows/profiles/slurm", "results/fig2.csv",
+                    cwd=repo)  # fmt: skip
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "rule run_trial:" in text and "model_group" not in text
@@ -249,9 +244,7 @@ def test_a_thousand_trial_modelled_sweep_is_one_job(tmp_path):
                 micro_batch=[1, 2, 4, 8, 16])  # fmt: skip
     _sheet(repo / "workflows/config/sheets", [dict(source="modelled", base=dict(mp=8), grid=grid)])
     assert len(sheets.sheet_trials(sheets.load_sheet(repo / "workflows/config/sheets/mine.yaml"))[0]) == 1000
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    out = subprocess.run([str(BIN / "snakemake"), "-n", "--config", "sheets=[mine]", "--", "results/mine.csv"],
-                         cwd=repo, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = snakemake("-n", "--config", "sheets=[mine]", "--", "results/mine.csv", cwd=repo)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     stats = out.stdout.split("Job stats:")[1].split("\n\n")[0]
     assert [line.split() for line in stats.splitlines()[3:]] == [["model_group", "1"], ["table", "1"], ["total", "2"]]

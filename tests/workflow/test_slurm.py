@@ -175,6 +175,7 @@ def test_slurm_cpu_profile_runs_a_sheet_on_a_real_cluster(slurm_cluster, tmp_pat
     out = snakemake(
         "--workflow-profile", "workflows/profiles/slurm-cpu", "--configfile", "config.yaml",
         "--replace-workflow-config", "--slurm-init-seconds-before-status-checks", "2", cwd=repo, timeout=900,
+        slurm_controller=True,
     )  # fmt: skip
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     records = {p.stem: json.loads(p.read_text()) for p in (repo / "results/runs").glob("measured_*.json")}
