@@ -134,6 +134,13 @@ CHOICES = (
            "b2c03e2"),
     Choice("host_cost.HOST_OP_S for deepspeed-0.3", "margin", "12.67 µs per list-form host op, measured on this "
            "engine's H200 calibration and borrowed for DeepSpeed 2021 on A100 hosts", (MEGATRON_2021,), "b2c03e2"),
+    Choice("fitting/external.CODE", "mapping", "each published source's memory priced from its own code "
+           "(feasibility.code_breakdown): llm-foundry as PyTorch FSDP with a fused cross-entropy, NeMo with fp32 "
+           "main gradients, the logits at 2 + 4 bytes (Megatron's fp32 softmax copy) where not fused; chosen with "
+           "the external runs' out-of-memory calls in view (c9a046d: 24 -> 6 of 77)", (), "c9a046d",
+           rows_judged_because="it decides only whether an external run fits (`model_fits`), which no band, "
+           "coverage or verdict reads; every external row's throughput error, which they read, is the same "
+           "with it and without it"),
     Choice("runtime_bytes, checkpoint_runtime_bytes, mp_sync_table", "fitted", "calibrated CPU profile terms, "
            "fitted on calibrate's own runs", (), "4ada614",
            rows_judged_because="model_vs_measured and capacity label every row these terms change `fitted` "

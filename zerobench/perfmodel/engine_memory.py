@@ -173,7 +173,7 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
     return dict(_peak(model, parallel, precision, micro_batch, hw, grad_accum))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=1 << 15)  # ~1 kB an entry
 def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
           hw: HardwareProfile, grad_accum: int) -> dict[str, float]:  # fmt: skip
     """Bytes per rank: the model states (param_bytes, grad_bytes, optimizer_bytes); `activations`,
@@ -244,12 +244,14 @@ def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConf
             base = fixed + held + ids + persistent + (kept if md else i * (0 if off else chunk)) + X
             y = G = U
             live = {layout.slots[first[i] + k].bucket for k in range(0, 12, 2)}  # rebuilt: all gathered
-            moments[f"block {i} rebuilt"] = base + buckets.bytes + U + rest + 2 * U + sum(size[b] for b in live)
+            gathered = sum(size[b] for b in live)  # bytes of the buckets in `live`, kept as it changes
+            moments[i, "rebuilt"] = base + buckets.bytes + U + rest + 2 * U + gathered
         else:  # blocks below i keep theirs (block i's input is block i-1's output)
             base = fixed + held + ids + U + i * block
             y, G = 0, 0
-            live = set()
+            live, gathered = set(), 0
         w = [first[i] + k for k in range(12)]  # ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc w/b, proj w/b
+        slots = [layout.slots[j] for j in w]
         held_in = (U + 4 * P + lse + stats) + U  # ln1's output, q/k/v and attention's, the residual's gradient
         # each node of the block's backward: what is alive while it runs (its saved tensors, its
         # incoming gradient, its outputs), and after it, when its parameters' gradients are handed
@@ -266,17 +268,18 @@ def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConf
             ("attn.qkv backward", G + y + held_in - 4 * P - lse + 3 * P + U, G + y + 2 * U + stats, (3, 2)),
             ("ln1 backward", G + y + stats + 3 * U, G + y + 2 * U, (1, 0)),
         ):
-            if params:  # the module's parameters, gathered for its backward
-                live.add(layout.slots[w[params[0]]].bucket)
-            gathered = sum(size[b] for b in live)
+            if params and slots[params[0]].bucket not in live:  # the module's parameters, gathered for its backward
+                live.add(slots[params[0]].bucket)
+                gathered += size[slots[params[0]].bucket]
             # the node's weight and bias gradients (and, at stage 3 on a CPU host, its weight cast again)
-            grads = sum(layout.slots[w[k]].numel for k in params) * (a + recast)
-            moments[f"block {i} {name}"] = base + ws + grads + buckets.bytes + gathered
+            grads = sum(slots[k].numel for k in params) * (a + recast)
+            moments[i, name] = base + ws + grads + buckets.bytes + gathered
             for k in params:
-                dw = layout.slots[w[k]].numel * a
-                handed = base + after + dw + buckets.deliver(w[k]) + gathered
-                moments[f"block {i} {name}, gradients handed over"] = handed
-            live -= {layout.slots[w[k]].bucket for k in params}  # released once its reduction started
+                handed = base + after + slots[k].numel * a + buckets.deliver(w[k]) + gathered
+                moments[i, name, "gradients handed over"] = handed
+            for b in {slots[k].bucket for k in params} & live:  # released once its reduction started
+                live.discard(b)
+                gathered -= size[b]
     # -- the embedding: the lookup's gradient beside the output layer's, then their sum ----------
     buckets.deliver(1)  # wpe, from the position add's backward
     base = fixed + persistent + ids + (kept if ckpt and md else 0)  # the root still gathered
@@ -287,12 +290,13 @@ def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConf
     if g != FP32:
         piece = max(b.padded if stage == 0 else b.chunk for b in layout.buckets)
         moments["step"] = fixed - root + persistent + (kept if ckpt and md else 0) + FP32 * piece
-    moment = max(moments, key=moments.get)
+    top = max(moments, key=moments.get)  # a block's moments are keyed (block, node[, after]): named once
+    moment = top if isinstance(top, str) else f"block {top[0]} " + ", ".join(top[1:])
     gpu = not hw.ranks_share_compute
     return {
         **states,
         "activations": acts,
-        "transient": moments[moment] - sum(states.values()) - acts,
+        "transient": moments[top] - sum(states.values()) - acts,
         "moment": moment,
         "runtime": hw.runtime_bytes + (hw.checkpoint_runtime_bytes if ckpt else 0.0),
         # from its second micro-batch on, stage 3 gathers buckets ahead of use along the order the

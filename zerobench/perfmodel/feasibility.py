@@ -259,13 +259,18 @@ def usable_bytes(hw: HardwareProfile, cal: Calibration, contiguous_buffers: bool
 
 def _largest(fits, limit: int) -> int:
     """Largest n in [1, limit] with fits(n), for a `fits` that holds up to some n and never above
-    it (memory grows with the batch and the depth); 0 when not even 1 fits. A bisection."""
+    it (memory grows with the batch and the depth); 0 when not even 1 fits. Doubling from 1, then a
+    bisection: a depth is priced in time linear in it, so the probes stay near the answer rather
+    than starting at `limit`'s half."""
     if not fits(1):
         return 0
-    lo, hi = 1, limit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    lo, hi = 1, 2  # lo fits; hi is the next to try
+    while hi <= limit and fits(hi):
+        lo, hi = hi, 2 * hi
+    hi = min(hi, limit + 1)  # does not fit, or past the limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
 
