@@ -19,6 +19,7 @@ Latencies are microseconds in the source and seconds here.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 
 VERSION = 1  # bump when a constant or rule below changes
@@ -83,6 +84,7 @@ def algorithms(op: str) -> tuple[str, ...]:
     return ALGORITHMS if op == "all_reduce" else ("ring",)
 
 
+@lru_cache(maxsize=1 << 16)  # stage 3 prices one call per unit, most of them of a few sizes
 def choose(op: str, per_node: int, nodes: int, simple_s: float, intra: str = "nvlink") -> Choice:
     """The algorithm/protocol NCCL picks for one call whose bytes take `simple_s` at full bus bandwidth
     (the caller's ring time of the bytes alone): the least latency + bandwidth time."""
