@@ -19,8 +19,8 @@ Latencies are microseconds in the source and seconds here.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from dataclasses import dataclass
+from functools import lru_cache
 
 VERSION = 1  # bump when a constant or rule below changes
 SOURCE = "NVIDIA NCCL src/graph/tuning.cc v2.7-v2.9 (baseLat, hwLat, ncclTopoTuneModel)"
