@@ -168,14 +168,6 @@ class _Buckets:
 
 def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
                 hw: HardwareProfile, grad_accum: int = 1) -> dict[str, float]:  # fmt: skip
-    """`_peak`'s dict, a copy of the cached one: a fit or a plan prices the same layout's memory many
-    times (the compute constants it varies never change it)."""
-    return dict(_peak(model, parallel, precision, micro_batch, hw, grad_accum))
-
-
-@lru_cache(maxsize=1 << 15)  # ~1 kB an entry
-def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
-          hw: HardwareProfile, grad_accum: int) -> dict[str, float]:  # fmt: skip
     """Bytes per rank: the model states (param_bytes, grad_bytes, optimizer_bytes); `activations`,
     what forward keeps for backward; `transient`, the rest of the step's peak (the loss's buffers,
     a block rebuilt and its gradients, gradient buckets, the embedding's gradients, the step's
@@ -183,9 +175,23 @@ def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConf
     `prefetch` (stage 3's gathers ahead of use, which a run holds and the one traced step does not);
     `outside` (on a GPU, the CUDA context and NCCL's buffers, outside the allocator). `tensor_peak`
     adds the tensors the trace counts."""
+    peak = dict(_tensors(model, parallel, precision, micro_batch, compute_bytes(precision, hw), grad_accum))
+    peak["runtime"] = hw.runtime_bytes + (hw.checkpoint_runtime_bytes if parallel.checkpoint_activations else 0.0)
+    # outside the caching allocator, on a GPU: the CUDA context and NCCL's communicators
+    gpu = not hw.ranks_share_compute
+    peak["outside"] = (
+        (CUDA_CONTEXT_BYTES + communicators(parallel.dp, parallel.mp) * nccl_allowance(hw)) if gpu else 0.0
+    )
+    return peak
+
+
+@lru_cache(maxsize=1 << 15)  # ~1 kB an entry: a fit or a plan prices the same layout again and again
+def _tensors(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int, a: int,
+             grad_accum: int) -> dict[str, float]:  # fmt: skip
+    """`engine_peak`'s tensors, `a` bytes per activation element (`compute_bytes`): all of it but
+    what the hardware adds (the runtime's, and what lies outside the allocator)."""
     m, dp, L, stage = parallel.mp, parallel.dp, model.layers, parallel.stage
     p, g = precision.bytes_pgk[:2]
-    a = compute_bytes(precision, hw)
     t, h = micro_batch * model.seq, model.hidden
     U, P = t * h * a, t * h // m * a  # an activation, replicated over MP / one MP rank's slice
     stats = 2 * t * FP32  # one LayerNorm's mean and reciprocal deviation, saved for backward
@@ -292,18 +298,14 @@ def _peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConf
         moments["step"] = fixed - root + persistent + (kept if ckpt and md else 0) + FP32 * piece
     top = max(moments, key=moments.get)  # a block's moments are keyed (block, node[, after]): named once
     moment = top if isinstance(top, str) else f"block {top[0]} " + ", ".join(top[1:])
-    gpu = not hw.ranks_share_compute
     return {
         **states,
         "activations": acts,
         "transient": moments[top] - sum(states.values()) - acts,
         "moment": moment,
-        "runtime": hw.runtime_bytes + (hw.checkpoint_runtime_bytes if ckpt else 0.0),
         # from its second micro-batch on, stage 3 gathers buckets ahead of use along the order the
         # first recorded (zero/gather.py), up to `prefetch_bytes`: a run's, not the one traced step's
         "prefetch": min(parallel.prefetch_bytes, sum(size)) if gathers else 0.0,
-        # outside the caching allocator, on a GPU: the CUDA context and NCCL's communicators
-        "outside": (CUDA_CONTEXT_BYTES + communicators(dp, m) * nccl_allowance(hw)) if gpu else 0.0,
     }
 
 
