@@ -34,14 +34,13 @@ def total_model_state_bytes(num_params: float, stage: int, dp: int, mp: int = 1,
     return sum(model_state_bytes(num_params, stage, dp, mp, pgk).values())
 
 
-def build_peak_bytes(states: dict[str, float], largest_param_numel: int) -> float:
-    """Peak bytes per device while this engine is built (runtime/train.build_engine; the paper's
-    §5.3: no rank ever holds the whole model). It allocates its parameters' storage first, fills it
-    one parameter at a time from that parameter's full fp32 tensor (drawn whole, as the
-    single-process model draws it, then sliced for MP and cut to the rank's shard), then allocates
-    the gradients and optimizer states: max(params + 4·largest parameter, model states).
-    `states` as `model_state_bytes` returns them."""
-    return max(states["param_bytes"] + 4.0 * largest_param_numel, sum(states.values()))
+def build_peak_bytes(states: dict[str, float], drawn_bytes: float) -> float:
+    """Peak bytes per device while an engine is built in the memory it trains in (paper §5.3: no
+    rank ever holds the whole model): its parameters' storage is allocated first and filled one
+    parameter at a time from that parameter's initial value (`drawn_bytes`: what one draw holds
+    at once, at most), then the gradients and optimizer states are allocated:
+    max(params + drawn, model states). `states` as `model_state_bytes` returns them."""
+    return max(states["param_bytes"] + drawn_bytes, sum(states.values()))
 
 
 def checkpoint_bytes(

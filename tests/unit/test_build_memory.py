@@ -1,9 +1,10 @@
 """The engine is built in the memory it trains in (paper §5.3: no rank ever holds the whole model).
 
 Three routes to the construction peak: the trace's counter while `build_engine` runs (traced), the
-formula `memory.build_peak_bytes` (modelled), and the bound the engine promises — its model states
-plus one whole parameter in fp32. And the weights built that way are the single-process model's,
-bit for bit."""
+formula `memory.build_peak_bytes` over the engine's states and one parameter's draw (modelled), and
+the bound the engine promises — its model states plus one whole parameter in fp32 (and, split over
+MP, this rank's slice of it). And the weights built that way are the single-process model's, bit
+for bit."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.tensor_parallel import Split
 from zerobench.engine.zero.apply import apply_zero
 from zerobench.perfmodel.constants import DEFAULT
+from zerobench.perfmodel.engine_memory import initial_draw_bytes
 from zerobench.perfmodel.feasibility import breakdown
 from zerobench.perfmodel.hardware import PROFILES
 from zerobench.perfmodel.predict import estimate_text
@@ -55,7 +58,8 @@ def test_paper_scale_builds_within_states_plus_one_parameter(model, dp, mp, stag
     assert r["build_peak_bytes"] <= states + 4 * largest
     # the formula from shapes alone, against the counter (they differ by the buckets' padding)
     modelled = memory.build_peak_bytes(
-        memory.model_state_bytes(spec.model.num_params, stage, dp, mp, spec.precision.bytes_pgk), largest
+        memory.model_state_bytes(spec.model.num_params, stage, dp, mp, spec.precision.bytes_pgk),
+        initial_draw_bytes(spec.model, mp),
     )
     assert r["build_peak_bytes"] == pytest.approx(modelled, rel=0.01)
 
@@ -64,8 +68,11 @@ def test_largest_parameter_is_the_widest_of_embedding_positions_and_mlp():
     m = preset("gpt-1.5b")  # V·h = 50257·1600 > 4h² = 4·1600²
     assert m.largest_param_numel == 50257 * 1600
     assert preset("table1-1t").largest_param_numel == 4 * 40000 * 40000
-    assert memory.build_peak_bytes({"param_bytes": 10, "grad_bytes": 5, "optimizer_bytes": 100}, 2) == 115
-    assert memory.build_peak_bytes({"param_bytes": 10, "grad_bytes": 5, "optimizer_bytes": 10}, 20) == 90
+    assert memory.build_peak_bytes({"param_bytes": 10, "grad_bytes": 5, "optimizer_bytes": 100}, 8) == 115
+    assert memory.build_peak_bytes({"param_bytes": 10, "grad_bytes": 5, "optimizer_bytes": 10}, 80) == 90
+    # one MP splits: the whole parameter and this rank's slice of it, the vocabulary padded to N_m
+    assert initial_draw_bytes(m, 1) == 4 * 50257 * 1600
+    assert initial_draw_bytes(m, 2) == 4 * (50257 + 25129) * 1600
 
 
 def test_estimate_says_when_construction_is_what_does_not_fit():
@@ -127,3 +134,15 @@ def _refuses(rank: int) -> list[str]:
 def test_a_meta_model_needs_its_values_and_a_device():
     no_values, no_device = threaded(1, _refuses)[0]
     assert no_values.startswith("values:") and no_device.startswith("device:")
+
+
+@pytest.mark.parametrize("full, parts, mp", [(10, 1, 4), (12, 3, 2), (7, 1, 1), (9, 3, 4)])
+def test_an_mp_slice_is_copied_from_the_full_tensor_padding_zero(full, parts, mp):
+    """`Split.local` copies each rank's slice block by block (no padded copy of the whole); the
+    ranks' slices reassemble the full tensor, and the padded rows past it are zero."""
+    t = torch.randn(full, 5)
+    slices = [Split(dim=0, full=full, parts=parts, rank=r, mp=mp).local(t) for r in range(mp)]
+    split = Split(dim=0, full=full, parts=parts, mp=mp)
+    assert all(s.shape == (split.padded() // mp, 5) for s in slices)
+    assert torch.equal(split.assemble(slices), t)
+    assert sum(int((s == 0).all(dim=1).sum()) for s in slices) == split.padded() - full

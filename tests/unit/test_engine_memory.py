@@ -1,6 +1,7 @@
 """The performance model's memory is this engine's own (perfmodel/engine_memory.py, read from the
-code): its peak is held to `zerobench trace`, which runs one step of the real engine under fake
-tensors and files every storage it allocates, at configurations across stages 0–3, MP 1–16, the
+code): its peak, and its construction's, are held to `zerobench trace`, which builds the real
+engine and runs one step of it under fake tensors and files every storage it allocates, at
+configurations across stages 0–3, MP 1–16, the
 paper's C1–C5 (P_a, P_a+cpu, M_D), C_B, checkpointing on and off, fp16/bf16/fp32, micro-batches
 1–64, on a GPU's semantics (the precision's device "cuda", no GPU needed) and a CPU host's (16-bit
 storage computed in fp32), and at every configuration of the issue's table at full scale."""
@@ -13,7 +14,8 @@ import os
 import pytest
 
 from zerobench.engine.config import PAPER_BUCKET, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
-from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
+from zerobench.memory import build_peak_bytes
+from zerobench.perfmodel.engine_memory import engine_peak, initial_draw_bytes, tensor_peak
 from zerobench.perfmodel.hardware import PROFILES
 from zerobench.runtime.trace import trace_step
 from zerobench.trial import TrialSpec, configs
@@ -25,9 +27,13 @@ SMALL = ModelConfig(layers=3, hidden=128, heads=4, seq=64, vocab=4096, name="mem
 
 
 def _check(spec: TrialSpec, hw, rel: float = 1e-3) -> dict:
-    traced = trace_step(spec)["peak_bytes"]
+    """The step's peak and the construction's, against the trace's."""
+    traced = trace_step(spec)
     peak = engine_peak(spec.model, spec.parallel, spec.precision, spec.train.micro_batch, hw, spec.train.grad_accum)
-    assert tensor_peak(peak) == pytest.approx(traced, rel=rel), peak["moment"]
+    assert tensor_peak(peak) == pytest.approx(traced["peak_bytes"], rel=rel), peak["moment"]
+    parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
+    built = build_peak_bytes(parts, initial_draw_bytes(spec.model, spec.parallel.mp))
+    assert built == pytest.approx(traced["build_peak"], rel=rel)
     return peak
 
 

@@ -117,7 +117,8 @@ class GPT(_Cast):
         self.ln_f = LayerNorm(cfg.hidden)
         self.vocab = TiedVocab()
 
-    @torch.no_grad()
+    # Not under torch.no_grad(): its generator wrapper keeps the last value it yielded while the
+    # next is drawn (two parameters at once); fresh tensors that need no gradient record nothing.
     def initial_values(self, seed: int, device: torch.device) -> Iterator[torch.Tensor]:
         """This rank's initial value of every parameter, in `named_parameters` order, one at a
         time and in fp32: GPT-2 init from a seeded generator on `device`, so every rank draws the
@@ -149,7 +150,11 @@ class GPT(_Cast):
             p.copy_(value)
 
     def set_dtypes(self, storage: torch.dtype, compute: torch.dtype) -> GPT:
-        self.to(storage)
+        splits = {n: p.mp_split for n, p in self.named_parameters() if hasattr(p, "mp_split")}
+        self.to(storage)  # under fake tensors (a trace) this makes new Parameters: their splits go on
+        params = dict(self.named_parameters())
+        for name, split in splits.items():
+            params[name].mp_split = split
         for m in self.modules():
             if isinstance(m, _Cast):
                 m.compute_dtype = compute

@@ -68,6 +68,17 @@ def rank_shapes(model: ModelConfig, mp: int) -> list[tuple[str, tuple[int, ...]]
     return shapes + [("ln_f.weight", (h,)), ("ln_f.bias", (h,))]
 
 
+def initial_draw_bytes(model: ModelConfig, mp: int) -> int:
+    """The most one parameter's initial value holds while the engine is built (model.py
+    `initial_values`): the whole parameter in fp32 and, for one MP splits (parallel/megatron.py),
+    this rank's fp32 slice of it beside it (tensor_parallel.py `Split.local`)."""
+    h, f, rows = model.hidden, 4 * model.hidden, -(-model.vocab // mp)
+    if mp == 1:  # nothing split: the value drawn is the parameter
+        return FP32 * h * max(model.vocab, model.seq, f)
+    split = max((model.vocab, rows), (f, f // mp), key=sum)  # the vocabulary's rows, or an MLP weight's
+    return FP32 * h * max(sum(split), model.seq)  # wpe is replicated: drawn alone
+
+
 # the modules that own parameters, in `named_modules` order, and how many parameters each owns
 _BLOCK_MODULES = (2, 2, 2, 2, 2, 2)  # ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj
 

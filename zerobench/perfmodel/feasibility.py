@@ -29,7 +29,8 @@ allocator, the allocator's own overhead, measured where a card was, else fitted 
   unless M_D (contiguous buffers) is on (paper §3.2: OOM with >30% free in extreme cases); both
   fitted on the paper's points, or measured on the card where its profile says (`usable_bytes`);
 - construction, apart from training: the peak while the engine is built (memory.build_peak_bytes:
-  the parameters' storage plus one whole parameter in fp32, or the model states if larger).
+  the parameters' storage plus one parameter's initial value as it is drawn, or the model states
+  if larger; engine_memory.initial_draw_bytes: the whole parameter in fp32 and its MP slice).
   A configuration fits when both its training and its construction peak do.
 Other codes than the paper's, by Calibration switches (off by default; docs/perfmodel.md "External
 validation"): PyTorch FSDP's stage 3 (`fsdp`: gathered units, not buckets), a fused cross-entropy
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
-from zerobench.perfmodel.engine_memory import CUDA_CONTEXT_BYTES, engine_peak
+from zerobench.perfmodel.engine_memory import CUDA_CONTEXT_BYTES, engine_peak, initial_draw_bytes
 from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
@@ -214,7 +215,7 @@ def code_breakdown(
         buffer_bytes=buffers,
         reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
         usable_bytes=usable_bytes(hw, cal, parallel.contiguous_buffers),
-        build_bytes=build_peak_bytes(states, model.largest_param_numel),
+        build_bytes=build_peak_bytes(states, 4.0 * model.largest_param_numel),  # drawn whole in fp32
     )
 
 
@@ -232,7 +233,8 @@ def engine_breakdown(model, parallel, precision, micro_batch: int, hw: HardwareP
     return MemoryBreakdown(
         **parts, checkpoint_bytes=peak["activations"], working_bytes=peak["transient"] + peak["prefetch"],
         buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=usable,
-        build_bytes=build_peak_bytes(parts, model.largest_param_numel) + peak["runtime"], moment=peak["moment"],
+        build_bytes=build_peak_bytes(parts, initial_draw_bytes(model, parallel.mp)) + peak["runtime"],
+        moment=peak["moment"],
     )  # fmt: skip
 
 

@@ -75,13 +75,19 @@ class Split:
         return full_padded.unflatten(self.dim, (self.parts, self.mp, n // (self.parts * self.mp)))
 
     def local(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice (a copy) of the single-process tensor."""
-        pad = self.padded() - self.full
-        if pad:
-            shape = list(full.shape)
-            shape[self.dim] = pad
-            full = torch.cat([full, full.new_zeros(shape)], dim=self.dim)
-        return self._blocks(full).select(self.dim + 1, self.rank).flatten(self.dim, self.dim + 1).clone()
+        """This rank's slice (a copy) of the single-process tensor, its padding zero. Copied block
+        by block from `full` as it is, never from a padded copy of it: beside the full tensor the
+        engine's construction holds only this slice (memory.build_peak_bytes)."""
+        n = self.padded() // (self.parts * self.mp)  # one block's slice, along `dim`
+        shape = list(full.shape)
+        shape[self.dim] = self.parts * n
+        out = full.new_zeros(shape)
+        for j in range(self.parts):
+            start = j * self.mp * n + self.rank * n  # in the padded tensor: block j, slice `rank`
+            length = min(n, self.full - start)  # past `full` is padding
+            if length > 0:
+                out.narrow(self.dim, j * n, length).copy_(full.narrow(self.dim, start, length))
+        return out
 
     def assemble(self, slices: list[torch.Tensor]) -> torch.Tensor:
         """The single-process tensor from every rank's slice, in rank order (inverse of `local`)."""

@@ -35,7 +35,8 @@ def place_flat(values: Iterator[torch.Tensor], layout: FlatLayout, dtype, device
     """One flat buffer (returned) with each parameter's initial value, taken one at a time from
     `values`, written into its slot."""
     flat = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
-    for value, slot in zip(values, layout.slots, strict=True):
+    for slot in layout.slots:
+        value = next(values)  # not zip's: its reused result tuple holds the last value while the next is drawn
         flat[slot.offset : slot.offset + slot.numel].copy_(value.reshape(-1))
         del value  # before the next is drawn: one full parameter at a time
     return flat

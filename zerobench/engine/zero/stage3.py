@@ -141,7 +141,8 @@ class Stage3(ZeroEngine):
         for i, j, lo, hi in overlaps(layout.slots, ranges):
             parts[j].append((i, lo, hi))
         with torch.no_grad():
-            for j, value in enumerate(self._values):
+            for j in range(len(layout.slots)):
+                value = next(self._values)  # not enumerate's: its reused tuple holds the last value
                 flat, offset = value.reshape(-1), layout.slots[j].offset
                 for i, lo, hi in parts[j]:
                     dest[i][lo - ranges[i][0] : hi - ranges[i][0]].copy_(flat[lo - offset : hi - offset])
