@@ -39,7 +39,15 @@ def place_flat(values: Iterator[torch.Tensor], layout: FlatLayout, dtype, device
         value = next(values)  # not zip's: its reused result tuple holds the last value while the next is drawn
         flat[slot.offset : slot.offset + slot.numel].copy_(value.reshape(-1))
         del value  # before the next is drawn: one full parameter at a time
+    exhausted(values)
     return flat
+
+
+def exhausted(values: Iterator[torch.Tensor]) -> None:
+    """Every initial value taken: one more is an error, and the values' generator ends (its frame,
+    and the small tensors it holds, freed now)."""
+    if next(values, None) is not None:
+        raise ValueError("values: more initial values than the model has parameters")
 
 
 def adopt(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:

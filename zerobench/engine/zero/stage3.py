@@ -42,7 +42,7 @@ import torch
 
 from zerobench.engine.compile import compiled
 from zerobench.engine.parallel.comms import Comms, Handle
-from zerobench.engine.zero.core import ZeroEngine
+from zerobench.engine.zero.core import ZeroEngine, exhausted
 from zerobench.engine.zero.gather import GatheredBuckets
 from zerobench.engine.zero.partition import MAX_IN_FLIGHT, FlatLayout, overlaps
 from zerobench.engine.zero.stage2 import PartitionedGradients
@@ -147,6 +147,7 @@ class Stage3(ZeroEngine):
                 for i, lo, hi in parts[j]:
                     dest[i][lo - ranges[i][0] : hi - ranges[i][0]].copy_(flat[lo - offset : hi - offset])
                 del value, flat  # before the next is drawn: one full parameter at a time
+            exhausted(self._values)
         # a released parameter's data, one per shape (shared: it has no storage of its own to
         # write), made here so that releasing dispatches no op
         released = torch.zeros((), dtype=dtype, device=self.device)
