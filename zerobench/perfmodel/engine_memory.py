@@ -256,23 +256,15 @@ def _tensors(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionC
     for j in range(first[L], len(layout.slots)):  # ln_f's, before the last block
         buckets.deliver(j)
     X = 0 if md else U  # a rebuilt block's input: in M_D's buffers, or gathered, reloaded, kept whole
-    for i in range(L - 1, -1, -1):
-        if ckpt:  # checkpoints below i, the rebuilt block's output and its incoming gradient held
-            base = fixed + held + ids + persistent + (kept if md else i * (0 if off else chunk)) + X
-            y = G = U
-            live = {layout.slots[first[i] + k].bucket for k in range(0, 12, 2)}  # rebuilt: all gathered
-            gathered = sum(size[b] for b in live)  # bytes of the buckets in `live`, kept as it changes
-            moments[i, "rebuilt"] = base + buckets.bytes + U + rest + 2 * U + gathered
-        else:  # blocks below i keep theirs (block i's input is block i-1's output)
-            base = fixed + held + ids + U + i * block
-            y, G = 0, 0
-            live, gathered = set(), 0
-        w = [first[i] + k for k in range(12)]  # ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc w/b, proj w/b
-        slots = [layout.slots[j] for j in w]
-        held_in = (U + 4 * P + lse + stats) + U  # ln1's output, q/k/v and attention's, the residual's gradient
-        # each node of the block's backward: what is alive while it runs (its saved tensors, its
-        # incoming gradient, its outputs), and after it, when its parameters' gradients are handed
-        # over (saved tensors and incoming gradient released, a weight's gradient alive)
+    y = G = U if ckpt else 0  # with checkpointing, the rebuilt block's output and its incoming gradient
+    held_in = (U + 4 * P + lse + stats) + U  # ln1's output, q/k/v and attention's, the residual's gradient
+    # each node of a block's backward: what is alive while it runs (its saved tensors, its incoming
+    # gradient, its outputs), and after it, when its parameters' gradients are handed over (saved
+    # tensors and incoming gradient released, a weight's gradient alive); the same in every block.
+    # Parameters by their place in the block: ln1 w/b, qkv w/b, proj w/b, ln2 w/b, fc w/b, proj w/b
+    numel = [layout.slots[first[0] + k].numel for k in range(12)] if L else []
+    nodes = [
+        (name, ws, after, params, sum(numel[k] for k in params) * (a + recast))
         for name, ws, after, params in (
             ("mlp.proj backward", U + y + rest + 4 * P, U + y + rest + 4 * P, (11, 10)),
             ("gelu backward", U + y + rest + 4 * P, 0, ()),
@@ -284,19 +276,37 @@ def _tensors(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionC
             ("qkv gradient", G + y + held_in - 4 * P - lse + 6 * P, 0, ()),
             ("attn.qkv backward", G + y + held_in - 4 * P - lse + 3 * P + U, G + y + 2 * U + stats, (3, 2)),
             ("ln1 backward", G + y + stats + 3 * U, G + y + 2 * U, (1, 0)),
-        ):
+        )
+    ]  # fmt: skip
+    block_top, block_at = -math.inf, None  # the blocks' highest moment, and where: (block, node[, after])
+    for i in range(L - 1, -1, -1):
+        w = [first[i] + k for k in range(12)]
+        slots = [layout.slots[j] for j in w]
+        if ckpt:  # checkpoints below i, the rebuilt block's output and its incoming gradient held
+            base = fixed + held + ids + persistent + (kept if md else i * (0 if off else chunk)) + X
+            live = {slots[k].bucket for k in range(0, 12, 2)}  # rebuilt: all gathered
+            gathered = sum(size[b] for b in live)  # bytes of the buckets in `live`, kept as it changes
+            if (v := base + buckets.bytes + U + rest + 2 * U + gathered) > block_top:
+                block_top, block_at = v, (i, "rebuilt")
+        else:  # blocks below i keep theirs (block i's input is block i-1's output)
+            base = fixed + held + ids + U + i * block
+            live, gathered = set(), 0
+        # strictly higher only: the first of equal highs, in the order the moments happen
+        for name, ws, after, params, grads in nodes:
             if params and slots[params[0]].bucket not in live:  # the module's parameters, gathered for its backward
                 live.add(slots[params[0]].bucket)
                 gathered += size[slots[params[0]].bucket]
             # the node's weight and bias gradients (and, at stage 3 on a CPU host, its weight cast again)
-            grads = sum(slots[k].numel for k in params) * (a + recast)
-            moments[i, name] = base + ws + grads + buckets.bytes + gathered
+            if (v := base + ws + grads + buckets.bytes + gathered) > block_top:
+                block_top, block_at = v, (i, name)
             for k in params:
-                handed = base + after + slots[k].numel * a + buckets.deliver(w[k]) + gathered
-                moments[i, name, "gradients handed over"] = handed
+                if (v := base + after + slots[k].numel * a + buckets.deliver(w[k]) + gathered) > block_top:
+                    block_top, block_at = v, (i, name, "gradients handed over")
             for b in {slots[k].bucket for k in params} & live:  # released once its reduction started
                 live.discard(b)
                 gathered -= size[b]
+    if block_at is not None:
+        moments[block_at] = block_top
     # -- the embedding: the lookup's gradient beside the output layer's, then their sum ----------
     buckets.deliver(1)  # wpe, from the position add's backward
     base = fixed + persistent + ids + (kept if ckpt and md else 0)  # the root still gathered
@@ -307,7 +317,7 @@ def _tensors(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionC
     if g != FP32:
         piece = max(b.padded if stage == 0 else b.chunk for b in layout.buckets)
         moments["step"] = fixed - root + persistent + (kept if ckpt and md else 0) + FP32 * piece
-    top = max(moments, key=moments.get)  # a block's moments are keyed (block, node[, after]): named once
+    top = max(moments, key=moments.get)
     moment = top if isinstance(top, str) else f"block {top[0]} " + ", ".join(top[1:])
     return {
         **states,

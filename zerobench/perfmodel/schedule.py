@@ -8,7 +8,7 @@ above its persistence threshold. network.py prices each call (nccl_table.py for 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from zerobench import stages as rules
 from zerobench.engine.config import ModelConfig
@@ -16,10 +16,10 @@ from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.implementation import Implementation
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
     """`calls` collectives of `op` of `nbytes` each over the DP group; `exposed`: not overlappable
-    with backward (a gather the step waits for) rather than a gradient reduction."""
+    with backward (a gather the step waits for) rather than a gradient reduction. A named tuple:
+    stage 3 of a deep model issues thousands a step, made again for every layout priced."""
 
     op: str
     nbytes: float

@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # the layout itself needs no torch: the performance model reads it too
     import torch
@@ -21,9 +21,9 @@ if TYPE_CHECKING:  # the layout itself needs no torch: the performance model rea
 MAX_IN_FLIGHT = 2  # buckets whose reduction may be outstanding at once (stages 2 and 3)
 
 
-@dataclass(frozen=True)
-class Slot:
-    """Where one parameter sits in the flat buffer."""
+class Slot(NamedTuple):
+    """Where one parameter sits in the flat buffer. A named tuple, not a frozen dataclass: a
+    layout of a deep model has thousands, made many times over by the performance model."""
 
     name: str
     shape: tuple[int, ...]
