@@ -187,6 +187,7 @@ def _on_gloo(rank):
     return [engine_run(rank, spec) for spec in _gloo_specs()]
 
 
+@pytest.mark.slow
 def test_parity_on_real_gloo():
     out = spawned(4, _on_gloo)
     for i, spec in enumerate(_gloo_specs()):

@@ -26,6 +26,7 @@ def _script(tmp_path, *args, **env) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_script_passes_under_gloo_at_two_ranks(tmp_path):
     done = _script(tmp_path, "2")
     assert done.returncode == 0, done.stdout + done.stderr

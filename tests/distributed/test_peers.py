@@ -61,6 +61,7 @@ def runner_spec(spec, **train):
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
 
 
+@pytest.mark.slow
 def test_torch_peers_and_our_stages_agree_on_every_loss(tiny_world):
     spec, out = tiny_world
     ours = out[0]["ours-0"]["losses"]

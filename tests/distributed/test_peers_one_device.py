@@ -26,6 +26,7 @@ def _spec(model="awkward", **train):
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
 
 
+@pytest.mark.slow
 def test_one_device_peers_run_through_the_command(tmp_path):
     """`zerobench peers` at world size 1 on CPU: no floors and no bounds, every row measured
     in its own process with TFLOPS by the step-FLOPs convention; the plain loop and FSDP2 train to

@@ -147,6 +147,7 @@ def _real_rank(rank, specs):
     return out
 
 
+@pytest.mark.slow
 def test_tensor_bytes_equal_a_real_two_rank_run():
     """On gloo two ranks exchange pairwise into the tensors the engine allocated (comms.py), so a
     real rank allocates what the emulated one does, and its ledger is the same, call for call."""
