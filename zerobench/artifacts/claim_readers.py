@@ -58,8 +58,9 @@ def _source(rows: pd.DataFrame) -> str:
     return ", ".join(sorted({str(s) for s in rows.source.dropna()})) if "source" in rows else "-"
 
 
-def cell(table: str, key: str, column: str = "ours", fn: Callable[[float], float] | None = None,
-         carries_fit: bool = True) -> Reader:  # fmt: skip
+def cell(
+    table: str, key: str, column: str = "ours", fn: Callable[[float], float] | None = None, carries_fit: bool = True
+) -> Reader:
     """One row's `column` (through `fn`), from a judged or fitted row (fitted: flagged, unless the
     column carries no choice of the model: `carries_fit=False`, e.g. a traced figure beside the model's)."""
 

@@ -204,7 +204,7 @@ def verdict(
 ) -> tuple[str, float | None]:
     """(verdict, error %) of ours against the paper's number (module docstring). With a bound
     ('>' or '<'), ours on the bound's side misses by nothing; `held`: what `holds_above` is
-    judged on, if not ours."""  # fmt: skip
+    judged on, if not ours."""
     err = error_pct(ours, paper)
     if err is None or fitted:  # a fitted point tests the fit, not the model
         return UNTESTABLE, err
@@ -245,8 +245,10 @@ def both_readings(c: Claim, tables: dict, value: float, paper: float, bound: str
             return UNTESTABLE, None, f"{shown}; {FITTED_NOTE}"
         return with_, None, f"{shown}; a miss on a fitted row stands"
     without, err0 = verdict(bare.value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
-    note = (f"read from a row a choice was made on (perfmodel/choices.py): with it {value:.4g} ({with_}, "
-            f"{err:+.1f} %), without it {bare.value:.4g} ({without}, {err0:+.1f} %); the worse is taken")  # fmt: skip
+    note = (
+        f"read from a row a choice was made on (perfmodel/choices.py): with it {value:.4g} ({with_}, "
+        f"{err:+.1f} %), without it {bare.value:.4g} ({without}, {err0:+.1f} %); the worse is taken"
+    )
     return min(with_, without, key=WORSE.index), bare.value, note
 
 
@@ -275,12 +277,28 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
         if got and got.fitted and paper is not None:
             v, bare, note = both_readings(c, tables, value, paper, bound, held and held.value)
             notes.append(note)
-        rows.append(dict(claim=c.name, text=c.text, section=c.section, paper=paper, paper_bound=bound,
-                         paper_kind=kind, ours=value, unit=c.unit, source=got.source if got else None,
-                         basis=got.basis if got else None, error_pct=err, band_pct=got.band_pct if got else None,
-                         ours_without_choice=bare,
-                         error_without_choice_pct=error_pct(bare, paper), tolerance_pct=c.tolerance_pct,
-                         holds_above=c.holds_above, verdict=v, note="; ".join(notes) or None))  # fmt: skip
+        rows.append(
+            dict(
+                claim=c.name,
+                text=c.text,
+                section=c.section,
+                paper=paper,
+                paper_bound=bound,
+                paper_kind=kind,
+                ours=value,
+                unit=c.unit,
+                source=got.source if got else None,
+                basis=got.basis if got else None,
+                error_pct=err,
+                band_pct=got.band_pct if got else None,
+                ours_without_choice=bare,
+                error_without_choice_pct=error_pct(bare, paper),
+                tolerance_pct=c.tolerance_pct,
+                holds_above=c.holds_above,
+                verdict=v,
+                note="; ".join(notes) or None,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -302,9 +320,11 @@ def section(csv_path: str) -> str:
     for _, r in df.astype(object).where(df.notna(), None).iterrows():
         paper = f"{r.paper_bound or ''}{_num(r.paper)} ({r.paper_kind})"
         read_from = "; ".join(t for t in (r.basis, r.note) if t) or "-"
-        lines.append(f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | "
-                     f"{_num(r.error_pct)} | {_num(r.band_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | "
-                     f"{read_from} |")  # fmt: skip
+        lines.append(
+            f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | "
+            f"{_num(r.error_pct)} | {_num(r.band_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | "
+            f"{read_from} |"
+        )
     return "\n\n".join([
         "## The paper's claims",
         f"**Ledger** (`{csv_path}`): {len(df)} claims of the paper, each ours read from the artifacts' tables "

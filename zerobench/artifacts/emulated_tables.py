@@ -32,8 +32,7 @@ def fig3(pairs: Pairs) -> pd.DataFrame:
     """Fig 3 emulated, and the modelled Fig 3 of the sheet's modelled trials beside it."""
     modelled = paper_tables.fig3(_of(pairs, "modelled")) if _of(pairs, "modelled") else pd.DataFrame()
     if len(modelled):
-        modelled = modelled.assign(kind="modelled", role="reference", fitted_by="",
-                                   key="modelled " + modelled.key)  # fmt: skip
+        modelled = modelled.assign(kind="modelled", role="reference", fitted_by="", key="modelled " + modelled.key)
     return pd.concat([_emulated(paper_tables.fig3, pairs), modelled], ignore_index=True)
 
 

@@ -54,8 +54,10 @@ def speed_table(runs: pd.DataFrame, peers: pd.DataFrame) -> str:
         s0, plain = ours.get(0), peer.get("torch-plain")
         ratio = s0.step_time_s / plain.step_time_s if s0 is not None and plain is not None else None
         mem = ", ".join(_cell(r and r.peak_allocated_bytes / 1e9, ".1f") for r in (s0, plain))
-        lines.append(f"| {model} | {mb} | {rate(s0)} | {rate(ours.get(3))} | {rate(plain)} | "
-                     f"{rate(peer.get('torch-compile'))} | {_cell(ratio, '.2f')} | {mem} |")  # fmt: skip
+        lines.append(
+            f"| {model} | {mb} | {rate(s0)} | {rate(ours.get(3))} | {rate(plain)} | "
+            f"{rate(peer.get('torch-compile'))} | {_cell(ratio, '.2f')} | {mem} |"
+        )
     return "\n".join(lines)
 
 
@@ -74,17 +76,25 @@ def role(r) -> str:
 
 def error_table(compare: pd.DataFrame) -> str:
     """The model's error per run, on the datasheet profile and on the calibrated one."""
-    cols = {"tflops_error_pct": "TFLOPS error %", "peak_bytes_error_pct": "memory error %",
-            "calibrated_tflops_error_pct": "calibrated TFLOPS error %",
-            "calibrated_peak_bytes_error_pct": "calibrated memory error %"}  # fmt: skip
+    cols = {
+        "tflops_error_pct": "TFLOPS error %",
+        "peak_bytes_error_pct": "memory error %",
+        "calibrated_tflops_error_pct": "calibrated TFLOPS error %",
+        "calibrated_peak_bytes_error_pct": "calibrated memory error %",
+    }
     cols = {k: v for k, v in cols.items() if k in compare}
-    lines = ["| model | stage | micro-batch | role | " + " | ".join(cols.values()) + " |",
-             "|---|---|---|---|" + "---|" * len(cols)]  # fmt: skip
+    lines = [
+        "| model | stage | micro-batch | role | " + " | ".join(cols.values()) + " |",
+        "|---|---|---|---|" + "---|" * len(cols),
+    ]
     for r in compare.itertuples():
         cells = [_cell(getattr(r, k), "+.1f") if pd.notna(getattr(r, k)) else "out of memory" for k in cols]
         by = "; ".join(LEDGER.get(_key(r), ()))
-        lines.append(f"| {r.model} | {r.stage} | {r.micro_batch} | {role(r)}{f' ({by})' if by else ''} | "
-                     + " | ".join(cells) + " |")  # fmt: skip
+        lines.append(
+            f"| {r.model} | {r.stage} | {r.micro_batch} | {role(r)}{f' ({by})' if by else ''} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -96,10 +106,12 @@ def summary(compare: pd.DataFrame) -> str:
     judged = trained[[role(r) == "judged" for r in trained.itertuples()]]
     small = judged.micro_batch == 1
     mem, t1, t4 = trained.peak_bytes_error_pct, judged[small].tflops_error_pct, judged[~small].tflops_error_pct
-    return (f"Of {len(trained)} runs that trained, the model calls {oom} out of memory. Peak memory "
-            f"{mem.min():+.1f} … {mem.max():+.1f} %; TFLOPS at micro-batch 1 {t1.min():+.1f} … {t1.max():+.1f} %, "
-            f"at micro-batch ≥ 4 {t4.min():+.1f} … {t4.max():+.1f} % (the {len(judged)} judged rows; the "
-            f"{len(trained) - len(judged)} fitted ones, perfmodel/choices.py, apart).")  # fmt: skip
+    return (
+        f"Of {len(trained)} runs that trained, the model calls {oom} out of memory. Peak memory "
+        f"{mem.min():+.1f} … {mem.max():+.1f} %; TFLOPS at micro-batch 1 {t1.min():+.1f} … {t1.max():+.1f} %, "
+        f"at micro-batch ≥ 4 {t4.min():+.1f} … {t4.max():+.1f} % (the {len(judged)} judged rows; the "
+        f"{len(trained) - len(judged)} fitted ones, perfmodel/choices.py, apart)."
+    )
 
 
 def gpu_section(results: Path) -> str | None:

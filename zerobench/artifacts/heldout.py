@@ -31,16 +31,24 @@ def _rows(df: pd.DataFrame, by: str, column: str = "error_pct") -> list[str]:
         err = sub[column].dropna().astype(float)
         if not len(err):
             continue
-        lines.append(f"| {name} | {sub.hardware.iloc[0] if name != 'all' else 'all'} | {len(err)} | "
-                     f"{err.abs().mean():.1f} | {err.abs().max():.1f} | {err.mean():+.1f} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {sub.hardware.iloc[0] if name != 'all' else 'all'} | {len(err)} | "
+            f"{err.abs().mean():.1f} | {err.abs().max():.1f} | {err.mean():+.1f} |"
+        )
     return lines
 
 
 def _scored(hold: pd.DataFrame, title: str) -> str:
     """A table of holdout-entered rows at each scoring: the first, then the current."""
     first, now = hold.assign(error_pct=hold.first_error_pct), hold
-    return "\n".join([title + "\n", HEAD, *[f"| first: {line[2:]}" for line in _rows(first, "source")],
-                      *[f"| now: {line[2:]}" for line in _rows(now, "source")]])  # fmt: skip
+    return "\n".join(
+        [
+            title + "\n",
+            HEAD,
+            *[f"| first: {line[2:]}" for line in _rows(first, "source")],
+            *[f"| now: {line[2:]}" for line in _rows(now, "source")],
+        ]
+    )
 
 
 def heldout_section(results: Path) -> str | None:
@@ -55,11 +63,16 @@ def heldout_section(results: Path) -> str | None:
     seen, unseen = expressed[expressed.role == "validation"], expressed[expressed.role == "holdout"]
     history = "; ".join(sorted(hold.history.dropna().astype(str).str.split(";").str[0].unique()))
     oom = _called_oom(expressed)
-    earlier = [(path.stem.rsplit("_", 1)[1], len(_called_oom(_expressed(pd.read_csv(path)))))
-               for path in sorted(Path(results).glob("external_holdout_at_*.csv"))]  # fmt: skip
-    oom_lines = [f"- {r.source}: {r.model} on {int(r.gpus)} {r.hardware} (MP {int(r.mp)}, stage {int(r.stage)}, "
-                 f"micro-batch {int(r.micro_batch)}; the model's largest {int(r.model_max_micro_batch)}; needs "
-                 f"{getattr(r, 'model_memory_gb', '?')} GB)" for r in oom.itertuples()]  # fmt: skip
+    earlier = [
+        (path.stem.rsplit("_", 1)[1], len(_called_oom(_expressed(pd.read_csv(path)))))
+        for path in sorted(Path(results).glob("external_holdout_at_*.csv"))
+    ]
+    oom_lines = [
+        f"- {r.source}: {r.model} on {int(r.gpus)} {r.hardware} (MP {int(r.mp)}, stage {int(r.stage)}, "
+        f"micro-batch {int(r.micro_batch)}; the model's largest {int(r.model_max_micro_batch)}; needs "
+        f"{getattr(r, 'model_memory_gb', '?')} GB)"
+        for r in oom.itertuples()
+    ]
     return "\n\n".join([
         "## Validation and holdout: the model on published runs",
         "**Leave-one-source-out validation**: each A100 source's validation rows, predicted with the "
@@ -129,8 +142,9 @@ def _bands_table(results: Path) -> str:
              "| regime | runs | band % | mean abs % | worst % |", "|---|---|---|---|---|"]  # fmt: skip
     for r in bands.itertuples():
         value = "unvalidated" if pd.isna(r.band_pct) else f"±{r.band_pct:.1f}"
-        lines.append(f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {r.mean_abs_pct:.1f} | "
-                     f"{r.worst_pct:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {r.mean_abs_pct:.1f} | {r.worst_pct:.1f} |"
+        )
     return "\n".join(lines) + "\n\n" + coverage_text(pd.read_csv(Path(results) / COVERAGE_CSV))
 
 
@@ -151,12 +165,16 @@ def coverage_text(check: pd.DataFrame) -> str:
     n, inside = len(check), int(check.inside.astype(str).str.lower().eq("true").sum())
     sources = ", ".join(sorted(check.source.unique())) or "none"
     if n < MIN_COUNTED:
-        return (f"**Coverage: too few runs to check.** {n} run(s) set no band and moved no choice ({sources}); "
-                f"under {MIN_COUNTED} no count could fail the declared {COVERAGE:.0%}, so none is given.")  # fmt: skip
+        return (
+            f"**Coverage: too few runs to check.** {n} run(s) set no band and moved no choice ({sources}); "
+            f"under {MIN_COUNTED} no count could fail the declared {COVERAGE:.0%}, so none is given."
+        )
     p = at_most_p(inside, n)
     said = "fails" if p < 0.05 else "is consistent with"
-    return (f"**Coverage** (`{COVERAGE_CSV}`): {inside} of {n} runs that set no band and moved no choice "
-            f"({sources}: holdout rows scored more than once, `history` in external_holdout.csv, no choice made on "
-            f"them) fall inside the band the validation runs set for their regime (n = {n}); at the declared "
-            f"{COVERAGE:.0%} as few or fewer inside has probability {p:.2f} (one-sided binomial), so the count "
-            f"{said} the declared coverage. The validation runs are not counted: they set the bands.")  # fmt: skip
+    return (
+        f"**Coverage** (`{COVERAGE_CSV}`): {inside} of {n} runs that set no band and moved no choice "
+        f"({sources}: holdout rows scored more than once, `history` in external_holdout.csv, no choice made on "
+        f"them) fall inside the band the validation runs set for their regime (n = {n}); at the declared "
+        f"{COVERAGE:.0%} as few or fewer inside has probability {p:.2f} (one-sided binomial), so the count "
+        f"{said} the declared coverage. The validation runs are not counted: they set the bands."
+    )

@@ -88,8 +88,16 @@ def headline(tables: dict[str, pd.DataFrame]) -> str:
     rows, twice = once(tables)
     got = _inside(rows)
     banded, inside = got if got else (rows.iloc[0:0], 0)  # no judged row with a band: 0 of 0
-    same = (f"{len(twice)} judged row(s) read a prediction an earlier judged row reads and are counted once: "
-            f"{'; '.join(twice)}") if twice else "no two judged rows read the same prediction"  # fmt: skip
-    return (f"**Bands over every artifact**: {inside} of {len(banded)} judged rows inside their band, each "
-            "prediction counted once: rows reading the same quantity of the same model, layout, batch and "
-            f"hardware (`prediction` in the CSVs) are one ({same}).")  # fmt: skip
+    same = (
+        (
+            f"{len(twice)} judged row(s) read a prediction an earlier judged row reads and are counted once: "
+            f"{'; '.join(twice)}"
+        )
+        if twice
+        else "no two judged rows read the same prediction"
+    )
+    return (
+        f"**Bands over every artifact**: {inside} of {len(banded)} judged rows inside their band, each "
+        "prediction counted once: rows reading the same quantity of the same model, layout, batch and "
+        f"hardware (`prediction` in the CSVs) are one ({same})."
+    )

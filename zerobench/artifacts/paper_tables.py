@@ -26,9 +26,16 @@ from zerobench.stages import STAGE_LABELS
 Pairs = list[tuple[dict, dict]]
 PAPER_GB = 32e9  # Table 2's theoretical columns: 32 GB of model states (paper.md §3)
 # the modelled record's time breakdown -> the table's column
-TIMES = {"tflops_per_gpu": "tflops", "step_time_s": "step_s", "compute_s": "compute_s", "mp_comm_s": "mp_comm_s",
-         "dp_comm_s": "dp_comm_s", "optimizer_s": "optimizer_s", "gemm_efficiency": "gemm_eff",
-         "mfu": "mfu"}  # fmt: skip
+TIMES = {
+    "tflops_per_gpu": "tflops",
+    "step_time_s": "step_s",
+    "compute_s": "compute_s",
+    "mp_comm_s": "mp_comm_s",
+    "dp_comm_s": "dp_comm_s",
+    "optimizer_s": "optimizer_s",
+    "gemm_efficiency": "gemm_eff",
+    "mfu": "mfu",
+}
 
 
 def _size(r: dict) -> float:
@@ -58,8 +65,9 @@ def _best(pairs: Pairs) -> dict:
     for t, r in pairs:
         if r["status"] == "ok" and (best is None or r["tflops_per_gpu"] > best["tflops"]):
             best = dict(config=t.get("zero_config"), **_run(r))
-    return best or dict(config=pairs[-1][0].get("zero_config"), micro_batch=pairs[-1][0]["micro_batch"],
-                        max_micro_batch=0, status="oom")  # fmt: skip
+    return best or dict(
+        config=pairs[-1][0].get("zero_config"), micro_batch=pairs[-1][0]["micro_batch"], max_micro_batch=0, status="oom"
+    )
 
 
 def _by(pairs: Pairs, key: Callable[[dict, dict], object]) -> dict[object, Pairs]:
@@ -78,16 +86,50 @@ def fig2(pairs: Pairs) -> pd.DataFrame:
         (zt, zr), (bt, br) = runs[0], base[size][0]
         z, b = _best(runs), _run(br)
         p = paper("fig2", "throughput_per_gpu", model_params_b=size, stage_or_config="ZeRO-100B")
-        rows.append(row("fig2", f"ZeRO {size:g}B", z.get("tflops"), p, series="ZeRO-100B", size_b=size,
-                        gpus=zr["world_size"], mp=zr["mp"], paper_batch=zt["micro_batch"], **z))  # fmt: skip
+        rows.append(
+            row(
+                "fig2",
+                f"ZeRO {size:g}B",
+                z.get("tflops"),
+                p,
+                series="ZeRO-100B",
+                size_b=size,
+                gpus=zr["world_size"],
+                mp=zr["mp"],
+                paper_batch=zt["micro_batch"],
+                **z,
+            )
+        )
         pb = paper("fig2", "throughput_per_gpu", model_params_b=size, stage_or_config="Megatron")
-        rows.append(row("fig2", f"baseline {size:g}B", b.get("tflops"), pb, series="Megatron baseline",
-                        size_b=size, gpus=br["world_size"], mp=br["mp"], paper_batch=bt["micro_batch"],
-                        config="baseline", **b))  # fmt: skip
+        rows.append(
+            row(
+                "fig2",
+                f"baseline {size:g}B",
+                b.get("tflops"),
+                pb,
+                series="Megatron baseline",
+                size_b=size,
+                gpus=br["world_size"],
+                mp=br["mp"],
+                paper_batch=bt["micro_batch"],
+                config="baseline",
+                **b,
+            )
+        )
         speed = (z.get("tflops") or 0) / b["tflops"] if b.get("tflops") else None
         ps_ = paper("fig2", "speedup_bar", model_params_b=size)
-        rows.append(row("fig2", f"speed-up {size:g}B", speed, ps_, series="speed-up", size_b=size, role="derived",
-                        derived_from=f"ZeRO {size:g}B / baseline {size:g}B"))  # fmt: skip
+        rows.append(
+            row(
+                "fig2",
+                f"speed-up {size:g}B",
+                speed,
+                ps_,
+                series="speed-up",
+                size_b=size,
+                role="derived",
+                derived_from=f"ZeRO {size:g}B / baseline {size:g}B",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -100,12 +142,25 @@ def fig3(pairs: Pairs) -> pd.DataFrame:
         z = dict(config=t.get("zero_config"), **_run(r))
         p = paper("fig3", "throughput_per_gpu", gpus=gpus, stage_or_config="ZeRO")
         paper_batch = paper("fig3", "throughput_per_gpu", column="batch", gpus=gpus, stage_or_config="ZeRO")
-        rows.append(row("fig3", f"{gpus} GPUs", z.get("tflops"), p, series="TFLOPS/GPU", gpus=gpus,
-                        paper_batch=paper_batch, **z))  # fmt: skip
+        rows.append(
+            row(
+                "fig3", f"{gpus} GPUs", z.get("tflops"), p, series="TFLOPS/GPU", gpus=gpus, paper_batch=paper_batch, **z
+            )
+        )
         total = z["tflops"] * gpus if z.get("tflops") else None
         pt = paper("fig3", "aggregate_throughput_observed", gpus=gpus)
-        rows.append(row("fig3", f"{gpus} GPUs total", total, pt, series="total TFLOPS", gpus=gpus, role="derived",
-                        derived_from=f"{gpus} GPUs x {gpus}"))  # fmt: skip
+        rows.append(
+            row(
+                "fig3",
+                f"{gpus} GPUs total",
+                total,
+                pt,
+                series="total TFLOPS",
+                gpus=gpus,
+                role="derived",
+                derived_from=f"{gpus} GPUs x {gpus}",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -123,8 +178,17 @@ def fig5(pairs: Pairs) -> pd.DataFrame:
         p = paper("fig5", "max_trainable_model_size", stage_or_config=config, kind="stated") or paper(
             "fig5", "max_trainable_model_size", stage_or_config=config
         )
-        rows.append(row("fig5", config, size, p, max_layers_8192=layers, prediction=prediction(r, "largest model"),
-                        **memory_band()))  # fmt: skip
+        rows.append(
+            row(
+                "fig5",
+                config,
+                size,
+                p,
+                max_layers_8192=layers,
+                prediction=prediction(r, "largest model"),
+                **memory_band(),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -142,12 +206,22 @@ def fig6(pairs: Pairs) -> pd.DataFrame:
         p = paper("fig6", "max_memory_cached", model_params_b=size, stage_or_config=config)
         states = r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
         trace = traced.get((size, config))
-        rows.append(row("fig6", f"{size:g}B {config}", r["peak_reserved_bytes"] / GiB, p,
-                        allocated_gib=r["peak_allocated_bytes"] / GiB, model_states_gib=states / GiB,
-                        activations_gib=r["activation_bytes"] / GiB, fits=r["status"] == "ok",
-                        traced_allocated_gib=trace["peak_allocated_bytes"] / GiB if trace else None,
-                        traced_host_gib=(trace.get("host_peak_bytes") or 0) / GiB if trace else None,
-                        prediction=prediction(r, "memory cached"), **memory_band()))  # fmt: skip
+        rows.append(
+            row(
+                "fig6",
+                f"{size:g}B {config}",
+                r["peak_reserved_bytes"] / GiB,
+                p,
+                allocated_gib=r["peak_allocated_bytes"] / GiB,
+                model_states_gib=states / GiB,
+                activations_gib=r["activation_bytes"] / GiB,
+                fits=r["status"] == "ok",
+                traced_allocated_gib=trace["peak_allocated_bytes"] / GiB if trace else None,
+                traced_host_gib=(trace.get("host_peak_bytes") or 0) / GiB if trace else None,
+                prediction=prediction(r, "memory cached"),
+                **memory_band(),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -160,8 +234,18 @@ def fig7(pairs: Pairs) -> pd.DataFrame:
         p = paper("fig7", "throughput_per_gpu", model_params_b=size, stage_or_config=config)
         run = _run(r)
         extra = dict(paper_status="ok" if p else "oom") if size == 170 else {}
-        rows.append(row("fig7", f"{size:g}B {config}", run.get("tflops"), p, config=config,
-                        paper_batch=t["micro_batch"], **run, **extra))  # fmt: skip
+        rows.append(
+            row(
+                "fig7",
+                f"{size:g}B {config}",
+                run.get("tflops"),
+                p,
+                config=config,
+                paper_batch=t["micro_batch"],
+                **run,
+                **extra,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -176,14 +260,25 @@ def fig8(pairs: Pairs) -> pd.DataFrame:
         stage_or_config, series, label = ("ZeRO", "ZeRO-DP", "ZeRO") if zero else ("PyTorch DDP", "DDP", "DDP")
         p = paper("fig8", "throughput_per_gpu", model_params_b=size, stage_or_config=stage_or_config)
         run = _run(r)
-        rows.append(row("fig8", f"{label} {size:g}B", run.get("tflops"), p, series=series,
-                        paper_batch=t["micro_batch"], **run))  # fmt: skip
+        rows.append(
+            row("fig8", f"{label} {size:g}B", run.get("tflops"), p, series=series, paper_batch=t["micro_batch"], **run)
+        )
     for _, r in searched:
         label, metric = ("ZeRO-DP", "max_model_without_MP") if r["stage"] else ("DDP", "max_model_without_ZeRO")
         size, layers = _largest(r)
-        rows.append(row("fig8", f"max model {label}", size, paper("fig8", metric), series="max model (B)",
-                        max_layers=layers, hidden=r["hidden"], prediction=prediction(r, "largest model"),
-                        **memory_band()))  # fmt: skip
+        rows.append(
+            row(
+                "fig8",
+                f"max model {label}",
+                size,
+                paper("fig8", metric),
+                series="max model (B)",
+                max_layers=layers,
+                hidden=r["hidden"],
+                prediction=prediction(r, "largest model"),
+                **memory_band(),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -195,16 +290,29 @@ def table2(pairs: Pairs) -> pd.DataFrame:
         mp, stage, label = r["mp"], r["stage"], STAGE_LABELS[r["stage"]]
         theory = PAPER_GB / total_model_state_bytes(1.0, stage, r["dp"], mp) / 1e9
         p = paper("table2", "max_model_size_theoretical", mp=mp, stage_or_config=label)
-        rows.append(row("table2", f"MP {mp} {label} theory", theory, p, source="formula", role="formula", mp=mp,
-                        stage=stage))  # fmt: skip
+        rows.append(
+            row("table2", f"MP {mp} {label} theory", theory, p, source="formula", role="formula", mp=mp, stage=stage)
+        )
         size, layers = _largest(r)
         measured = None
         if stage in (0, 1):
             label_measured = label + (" (" if stage else "")  # "P_os (ZeRO-OS)" in the CSV
             measured = paper("table2", "max_model_size_measured", mp=mp, stage_or_config=label_measured)
         key = f"MP {mp} {label} measured" if stage <= 1 else f"MP {mp} {label} modelled"
-        rows.append(row("table2", key, size, measured, mp=mp, stage=stage, max_layers=layers, hidden=r["hidden"],
-                        prediction=prediction(r, "largest model"), **memory_band()))  # fmt: skip
+        rows.append(
+            row(
+                "table2",
+                key,
+                size,
+                measured,
+                mp=mp,
+                stage=stage,
+                max_layers=layers,
+                hidden=r["hidden"],
+                prediction=prediction(r, "largest model"),
+                **memory_band(),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -218,7 +326,20 @@ def today(pairs: Pairs) -> pd.DataFrame:
         r = runs[0][1]
         hw = get_profile(hw_name)
         best = _best(runs) if r["stage"] else dict(config="baseline", **_run(r))
-        rows.append(row("today", f"{label} | {hw_name}", best.get("tflops"), None, role="projection", experiment=label,
-                        hardware=hw_name, gpu=hw.gpu, gpus=r["world_size"], mp=r["mp"],
-                        peak_tflops=hw.peak_flops / 1e12, **best))  # fmt: skip
+        rows.append(
+            row(
+                "today",
+                f"{label} | {hw_name}",
+                best.get("tflops"),
+                None,
+                role="projection",
+                experiment=label,
+                hardware=hw_name,
+                gpu=hw.gpu,
+                gpus=r["world_size"],
+                mp=r["mp"],
+                peak_tflops=hw.peak_flops / 1e12,
+                **best,
+            )
+        )
     return pd.DataFrame(rows)

@@ -29,17 +29,22 @@ def _rows(df: pd.DataFrame) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
-        lines.append(f"| {r.rank:g} | {r.layout} | {r.tokens_per_s:.4g} | {r.tflops_per_gpu:.1f} | "
-                     f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.band_pct:g} ({_basis(r.band_basis)}) | "
-                     f"{r.checked} |")  # fmt: skip
+        lines.append(
+            f"| {r.rank:g} | {r.layout} | {r.tokens_per_s:.4g} | {r.tflops_per_gpu:.1f} | "
+            f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.band_pct:g} ({_basis(r.band_basis)}) | "
+            f"{r.checked} |"
+        )
     return lines
 
 
 def published(df: pd.DataFrame, layout: dict) -> pd.DataFrame:
     """The plan's rows of a published layout (its stage, MP, micro-batch and the switches it names;
     a switch it does not name is off), best first."""
-    named = {**dict.fromkeys(SWITCHES, False), "checkpoint_activations": bool(layout.get("partition_activations")),
-             **layout}  # fmt: skip
+    named = {
+        **dict.fromkeys(SWITCHES, False),
+        "checkpoint_activations": bool(layout.get("partition_activations")),
+        **layout,
+    }
     mask = pd.Series(True, index=df.index)
     for key, value in named.items():
         mask &= df[key].astype(str).str.lower() == str(value).lower()
@@ -51,20 +56,26 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
     checked = ranked[ranked.checked != "modelled"]
     top = (checked if len(checked) else ranked).head(TOP)
     gone = df[df["rank"].isna()]
-    text = [f"### {request['title']} (`{name}`: {request['hardware']})",
-            f"{len(ranked)} layouts fit ({ranked['rank'].max():g} distinct speeds); the top {len(top)} "
-            f"{'traced' if len(checked) else 'modelled'}" + (f", {len(gone)} dropped by the trace" if len(gone) else "")
-            + f". Figure `figures/plan_{name}.png`.", "\n".join(_rows(top))]  # fmt: skip
+    text = [
+        f"### {request['title']} (`{name}`: {request['hardware']})",
+        f"{len(ranked)} layouts fit ({ranked['rank'].max():g} distinct speeds); the top {len(top)} "
+        f"{'traced' if len(checked) else 'modelled'}"
+        + (f", {len(gone)} dropped by the trace" if len(gone) else "")
+        + f". Figure `figures/plan_{name}.png`.",
+        "\n".join(_rows(top)),
+    ]
     layout = request.get("paper_layout")
     if layout:
         mine = published(df, layout)
         best = ranked.iloc[0]
         if len(mine):
             p = mine.iloc[0]
-            text.append(f"**The published layout** ({p.layout}) ranks **{p['rank']:g}** of {ranked['rank'].max():g} "
-                        f"distinct speeds: {p.tokens_per_s:.4g} tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU, "
-                        f"{100 * (best.tokens_per_s / p.tokens_per_s - 1):.1f}% below the plan's top pick "
-                        f"({best.layout}), modelled.")  # fmt: skip
+            text.append(
+                f"**The published layout** ({p.layout}) ranks **{p['rank']:g}** of {ranked['rank'].max():g} "
+                f"distinct speeds: {p.tokens_per_s:.4g} tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU, "
+                f"{100 * (best.tokens_per_s / p.tokens_per_s - 1):.1f}% below the plan's top pick "
+                f"({best.layout}), modelled."
+            )
         else:
             text.append(f"**The published layout** {layout} is not among the layouts that fit in the model.")
         paper_code = ranked[ranked.stage <= 2]  # the paper's code had no stage 3 (P_os+g+p)
@@ -90,8 +101,10 @@ def _validation(df: pd.DataFrame) -> str:
         fits = traced.top_traced_fits.astype(str).str.lower().eq("true").sum()
         pairs = sub.drop_duplicates(["model", "gpus", "global_batch"]).pairs_ordered_pct.dropna()
         ordered = f"{pairs.mean():.0f}" if len(pairs) else "-"
-        lines.append(f"| {source} | {len(sub)} | {len(inside)} | {inside.published_rank.median():.0f} | "
-                     f"{inside.top_gain_pct.median():.1f} | {same} | {len(traced)}, {fits} | {ordered} |")  # fmt: skip
+        lines.append(
+            f"| {source} | {len(sub)} | {len(inside)} | {inside.published_rank.median():.0f} | "
+            f"{inside.top_gain_pct.median():.1f} | {same} | {len(traced)}, {fits} | {ordered} |"
+        )
     differs = df[df.top_gain_pct.fillna(0).abs() > 1e-9].differs_in.str.split(", ").explode().value_counts()
     notes = df.note.fillna("").value_counts().drop("", errors="ignore")
     return "\n\n".join([

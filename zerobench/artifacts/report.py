@@ -51,12 +51,18 @@ def _num(v) -> str:
 
 def _markdown(df: pd.DataFrame) -> str:
     cols = [c for c in SHOWN if c in df and df[c].notna().any()]
-    names = {"error_pct": "error %", "vs_linear_pct": "vs linear %", "formula": "bare formula",
-             "error_without_fitted_pct": "error % without fitted terms", "derived_from": "derived from",
-             "band_pct": "band ±%", "error_without_choice_pct": "error % without the choice",
-             "too_noisy": "too noisy",
-             "fitted_by": "fitted or chosen on by (perfmodel/choices.py)",
-             "build_gb": "construction peak (GB, traced)"}  # fmt: skip
+    names = {
+        "error_pct": "error %",
+        "vs_linear_pct": "vs linear %",
+        "formula": "bare formula",
+        "error_without_fitted_pct": "error % without fitted terms",
+        "derived_from": "derived from",
+        "band_pct": "band ±%",
+        "error_without_choice_pct": "error % without the choice",
+        "too_noisy": "too noisy",
+        "fitted_by": "fitted or chosen on by (perfmodel/choices.py)",
+        "build_gb": "construction peak (GB, traced)",
+    }
     head = "| " + " | ".join(names.get(c, c) for c in cols) + " |"
     lines = [head, "|" + "---|" * len(cols)]
     for _, r in df[cols].head(MAX_ROWS).iterrows():
@@ -92,13 +98,22 @@ def stats(df: pd.DataFrame, name: str = "table") -> dict:
     worst = pts.loc[err.idxmax(), "key"] if len(pts) else None
     others = compared(df)
     others = others[others.role != JUDGED]
-    apart = {role: (len(sub), float(sub.error_pct.astype(float).abs().mean()))
-             for role, sub in others.groupby("role") if len(sub)}  # fmt: skip
+    apart = {
+        role: (len(sub), float(sub.error_pct.astype(float).abs().mean()))
+        for role, sub in others.groupby("role")
+        if len(sub)
+    }
     status = df.status.dropna().astype(str) if "status" in df else pd.Series(dtype=str)
-    return dict(n=len(pts), mape=err.mean() if len(pts) else None, max=err.max() if len(pts) else None,
-                worst=worst, apart={r: apart[r] for r in ROLES if r in apart}, slow=int(slow.sum()),
-                noisy=int(noisy.sum()),
-                not_ok=status[status != "ok"].value_counts().to_dict())  # fmt: skip
+    return dict(
+        n=len(pts),
+        mape=err.mean() if len(pts) else None,
+        max=err.max() if len(pts) else None,
+        worst=worst,
+        apart={r: apart[r] for r in ROLES if r in apart},
+        slow=int(slow.sum()),
+        noisy=int(noisy.sum()),
+        not_ok=status[status != "ok"].value_counts().to_dict(),
+    )
 
 
 def apart(s: dict) -> str:
@@ -237,9 +252,13 @@ def peers_section(csv_path: str) -> str:
 
 
 def write_report(
-    sheets: list[str], tables: list[str], out: str, peers: str | None = None, claims: str | None = None,
+    sheets: list[str],
+    tables: list[str],
+    out: str,
+    peers: str | None = None,
+    claims: str | None = None,
     plans: tuple[str, list[str], str | None] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """REPORT.md from the workflow sheets and the tables named like them (results/<sheet>.csv), the
     peers comparison and the paper's claims ledger (artifacts/claims.py) when their CSVs are given,
     and the plan section (artifacts/plan_section.py) from `plans`: (the plan requests' sheet, their
@@ -294,8 +313,12 @@ PAPER_RUNS = ("table2", "fig2", "fig3", "fig5", "fig6", "fig7", "fig8")
 def capped(tables: dict[str, pd.DataFrame]) -> str:
     """REPORT's count of the paper's runs (all of which trained) that the memory model scores at a
     smaller micro-batch than the paper listed, each with what the listed batch needs (`capped_by`)."""
-    rows = [f"{name} {r.key} (micro-batch {int(r.micro_batch)}; {r.capped_by})" for name, df in tables.items()
-            if name in PAPER_RUNS and "capped_by" in df for r in df[df.capped_by.notna()].itertuples()]  # fmt: skip
+    rows = [
+        f"{name} {r.key} (micro-batch {int(r.micro_batch)}; {r.capped_by})"
+        for name, df in tables.items()
+        if name in PAPER_RUNS and "capped_by" in df
+        for r in df[df.capped_by.notna()].itertuples()
+    ]
     listed = ": " + "; ".join(rows) if rows else ""
     return (f"**Trained runs the memory model calls out of memory at the paper's batch**: {len(rows)} paper "
             f"run(s), each scored at the largest micro-batch that fits{listed}; the published runs of the "

@@ -93,8 +93,12 @@ def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
     best["expected"] = [one_rank.get(s, float("nan")) * d for s, d in zip(best.stage, best.dp)]
     best["per_rank_tokens_per_s"] = best.tokens_per_s / best.dp
     # Above 0: superlinear (faster than N_d copies of the one-rank point); below 0: sublinear.
-    for col, ratio in (("vs_linear_pct", "ratio"), ("vs_linear_low_pct", "low"), ("vs_linear_high_pct", "high"),
-                       ("vs_linear_normalized_pct", "ratio_normalized")):  # fmt: skip
+    for col, ratio in (
+        ("vs_linear_pct", "ratio"),
+        ("vs_linear_low_pct", "low"),
+        ("vs_linear_high_pct", "high"),
+        ("vs_linear_normalized_pct", "ratio_normalized"),
+    ):
         best[col] = 100 * (best[ratio] - 1)
     best = best.drop(columns=["ratio", "low", "high", "ratio_normalized"])
     best["reference"] = "perfect linear: N_d x tokens/s at N_d = 1, same stage, budget and round"

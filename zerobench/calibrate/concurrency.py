@@ -64,6 +64,8 @@ def concurrency_slowdown(ranks: int, log, reps: int = 60, rounds: int = 7) -> fl
     for p in procs:
         p.join()
     factor = max(1.0, statistics.median(ratios))
-    log(f"concurrency: {ranks} ranks at once run the step's kernels {factor:.2f}x as long as one alone "
-        f"({', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+    log(
+        f"concurrency: {ranks} ranks at once run the step's kernels {factor:.2f}x as long as one alone "
+        f"({', '.join(f'{r:.2f}' for r in ratios)})"
+    )
     return factor

@@ -54,15 +54,29 @@ def runtime_bytes(log) -> tuple[float, float]:
     model, precision, b = preset("tiny"), PrecisionConfig("fp32", "cpu"), TrainConfig().micro_batch
     beyond = []
     for ckpt in (False, True):
-        args = ["--model", model.name, "--precision", "fp32", "--micro-batch", str(b), "--steps", "2", "--warmup",
-                "1", "--allocator", allocator.in_use(), *(["--checkpoint-activations"] if ckpt else [])]  # fmt: skip
+        args = [
+            "--model",
+            model.name,
+            "--precision",
+            "fp32",
+            "--micro-batch",
+            str(b),
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--allocator",
+            allocator.in_use(),
+            *(["--checkpoint-activations"] if ckpt else []),
+        ]
         growth = _run(args)["rss_growth_bytes"]
-        peak = engine_peak(model, ParallelConfig(checkpoint_activations=ckpt), precision, b,
-                           PROFILES["v100-32gb-dgx2"])  # fmt: skip
+        peak = engine_peak(model, ParallelConfig(checkpoint_activations=ckpt), precision, b, PROFILES["v100-32gb-dgx2"])
         beyond.append(max(0.0, growth - tensor_peak(peak)))
     runtime, ckpt = beyond[0], max(0.0, beyond[1] - beyond[0])
-    log(f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors (tiny model), "
-        f"{ckpt / 2**20:.1f} MiB more with activation checkpointing")  # fmt: skip
+    log(
+        f"runtime: {runtime / 2**20:.1f} MiB of RSS beyond the tensors (tiny model), "
+        f"{ckpt / 2**20:.1f} MiB more with activation checkpointing"
+    )
     return runtime, ckpt
 
 
@@ -82,20 +96,44 @@ def mp_step_waits(profile: HardwareProfile, log, rounds: int = MP_STEP_ROUNDS) -
     shapes = []
     for hidden, seq, b in MP_STEP_SHAPES:
         model = dataclasses.replace(preset("tiny"), hidden=hidden, seq=seq)
-        modelled = predict(model, ParallelConfig(mp=2), PrecisionConfig("fp32", "cpu"), TrainConfig(micro_batch=b),
-                           curve_only, attention=ENGINE_ATTENTION)  # fmt: skip
+        modelled = predict(
+            model,
+            ParallelConfig(mp=2),
+            PrecisionConfig("fp32", "cpu"),
+            TrainConfig(micro_batch=b),
+            curve_only,
+            attention=ENGINE_ATTENTION,
+        )
         shapes.append((model, b, modelled, []))
     for i in range(rounds):
         for model, b, modelled, per_call in shapes:
-            args = ["--model", model.name, "--seq", str(model.seq), "--hidden", str(model.hidden), "--mp", "2",
-                    "--precision", "fp32", "--micro-batch", str(b), "--steps", str(MP_STEP_STEPS)]  # fmt: skip
+            args = [
+                "--model",
+                model.name,
+                "--seq",
+                str(model.seq),
+                "--hidden",
+                str(model.hidden),
+                "--mp",
+                "2",
+                "--precision",
+                "fp32",
+                "--micro-batch",
+                str(b),
+                "--steps",
+                str(MP_STEP_STEPS),
+            ]
             record = _run(args)
             entry = record["comm"]["all_reduce/mp"]
             ran = entry["calls"] / record["steps"]
             if ran != calls:
                 raise RuntimeError(f"the engine ran {ran:g} MP all-reduces per step; the model counts {calls}")
             per_call.append(entry["seconds"] / record["steps"] / calls)
-            log(f"MP step h{model.hidden} s{model.seq} b{b} ({i + 1}/{rounds}): {per_call[-1] * 1e3:.2f} ms per "
-                f"all-reduce; the curve gives {modelled.mp_comm_s / calls * 1e3:.2f}")  # fmt: skip
-    return [[2, modelled.compute_s / calls, max(0.0, statistics.median(per_call) - modelled.mp_comm_s / calls)]
-            for _, _, modelled, per_call in shapes]  # fmt: skip
+            log(
+                f"MP step h{model.hidden} s{model.seq} b{b} ({i + 1}/{rounds}): {per_call[-1] * 1e3:.2f} ms per "
+                f"all-reduce; the curve gives {modelled.mp_comm_s / calls * 1e3:.2f}"
+            )
+    return [
+        [2, modelled.compute_s / calls, max(0.0, statistics.median(per_call) - modelled.mp_comm_s / calls)]
+        for _, _, modelled, per_call in shapes
+    ]

@@ -48,12 +48,16 @@ GEMM_PASSES = 5
 EVICT_BYTES = {"cpu": 8 * 2**20, "cuda": 256 * 2**20}
 KERNEL_NUMEL = {"cpu": (2**14, 2**17, 2**20, 2**23), "cuda": (2**20, 2**24, 2**27)}
 # (b·heads, s, head size) of the attention benchmark, the sizes the sheets run
-ATTENTION_SHAPES = {"cpu": ((8, 64, 32), (32, 128, 32), (48, 256, 64), (16, 512, 64)),
-                    "cuda": ((64, 1024, 64), (128, 2048, 128), (64, 4096, 128))}  # fmt: skip
+ATTENTION_SHAPES = {
+    "cpu": ((8, 64, 32), (32, 128, 32), (48, 256, 64), (16, 512, 64)),
+    "cuda": ((64, 1024, 64), (128, 2048, 128), (64, 4096, 128)),
+}
 # parameters of the optimizer benchmark (16 B each: fp32 parameter, gradient and two moments)
 # (CPU: half-octaves where a shard outgrows the cache here, between 2M and 8M parameters)
-OPTIMIZER_NUMEL = {"cpu": tuple(int(2 ** (e / 2)) for e in range(40, 47)) + (2**24, 2**25, 2**26),
-                   "cuda": (2**24, 2**26, 2**28)}  # fmt: skip
+OPTIMIZER_NUMEL = {
+    "cpu": tuple(int(2 ** (e / 2)) for e in range(40, 47)) + (2**24, 2**25, 2**26),
+    "cuda": (2**24, 2**26, 2**28),
+}
 CHAIN = 64  # ops in the per-op cost benchmark
 
 
@@ -99,8 +103,10 @@ def _leaf(*shape, device, dtype) -> torch.Tensor:
 def median_rows(tables: list[list], first: int) -> list[list]:
     """Row by row over equal tables (sweeps, runs): the first `first` fields of the first table's
     row, then the median of each later field over the tables."""
-    return [[*rows[0][:first], *(statistics.median(col) for col in zip(*(r[first:] for r in rows)))]
-            for rows in zip(*tables)]  # fmt: skip
+    return [
+        [*rows[0][:first], *(statistics.median(col) for col in zip(*(r[first:] for r in rows)))]
+        for rows in zip(*tables)
+    ]
 
 
 def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
@@ -111,15 +117,22 @@ def gemm_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) 
     shapes = [(m, n, k) for m in dims for n in dims for k in dims if 2 * m * n * k <= GEMM_FLOP_CAP[device]]
 
     def make(m, n, k):
-        x, w, b = (_leaf(m, k, device=device, dtype=dtype), _leaf(n, k, device=device, dtype=dtype),
-                   _leaf(n, device=device, dtype=dtype))  # fmt: skip
+        x, w, b = (
+            _leaf(m, k, device=device, dtype=dtype),
+            _leaf(n, k, device=device, dtype=dtype),
+            _leaf(n, device=device, dtype=dtype),
+        )
         return (lambda: F.linear(x, w, b)), [x, w, b]
 
     samples = [[stacked_forward_backward(lambda s=s: make(*s), device) for s in shapes] for _ in range(passes)]
-    rows = [[m, n, k, 2 * m * n * k / fwd, 4 * m * n * k / max(bwd, 1e-9)]
-            for (m, n, k), (fwd, bwd) in zip(shapes, median_rows(samples, 0), strict=True)]  # fmt: skip
-    log(f"linear: {len(rows)} shapes x {passes} passes, {dtype}, forward best {max(r[3] for r in rows) / 1e9:.1f} "
-        f"GFLOP/s, backward best {max(r[4] for r in rows) / 1e9:.1f}")  # fmt: skip
+    rows = [
+        [m, n, k, 2 * m * n * k / fwd, 4 * m * n * k / max(bwd, 1e-9)]
+        for (m, n, k), (fwd, bwd) in zip(shapes, median_rows(samples, 0), strict=True)
+    ]
+    log(
+        f"linear: {len(rows)} shapes x {passes} passes, {dtype}, forward best {max(r[3] for r in rows) / 1e9:.1f} "
+        f"GFLOP/s, backward best {max(r[4] for r in rows) / 1e9:.1f}"
+    )
     return rows
 
 
@@ -164,9 +177,16 @@ def _kernel_makers(numel: int, device: str, dtype) -> dict:
         idx = torch.randint(0, table.shape[0], (512,), device=device)
         return (lambda: F.embedding(idx, table)), [table]
 
-    return {"layernorm": layernorm, "gelu": gelu, "residual_add": residual_add,
-            "cross_entropy": lambda: loss(False), "vocab_cross_entropy": lambda: loss(True),
-            "softmax": softmax, "copy": copy, "embedding": embedding}  # fmt: skip
+    return {
+        "layernorm": layernorm,
+        "gelu": gelu,
+        "residual_add": residual_add,
+        "cross_entropy": lambda: loss(False),
+        "vocab_cross_entropy": lambda: loss(True),
+        "softmax": softmax,
+        "copy": copy,
+        "embedding": embedding,
+    }
 
 
 def kernel_table(device: str, dtype: torch.dtype, log, passes: int = GEMM_PASSES) -> list[list]:
@@ -183,8 +203,11 @@ def _kernel_sweep(device: str, dtype: torch.dtype) -> list[list]:
     """One sweep: (kernel, size, forward s, backward s) of every named kernel at every size, timed
     as the linears are (a stack of copies, forward in order, backward reversed: in a loop over one
     copy layernorm ran 0.53x as long, GeLU 0.92x, attention 0.88x); `copy` (forward only) in a loop."""
-    makers = [(None, name, make) for numel in KERNEL_NUMEL[device]
-              for name, make in _kernel_makers(numel, device, dtype).items()]  # fmt: skip
+    makers = [
+        (None, name, make)
+        for numel in KERNEL_NUMEL[device]
+        for name, make in _kernel_makers(numel, device, dtype).items()
+    ]
 
     def attention(bh, s, d):
         q, k, v = (_leaf(1, bh, s, d, device=device, dtype=dtype) for _ in range(3))

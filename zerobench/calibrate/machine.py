@@ -67,8 +67,10 @@ SYNC_COMPUTE = ((0.002, 500), (0.02, 100), (0.2, 15))
 def host_copy_bw(log) -> float:
     x = torch.empty(2**26, dtype=torch.uint8, pin_memory=True)
     d = torch.empty(2**26, dtype=torch.uint8, device="cuda")
-    rate = min(x.numel() / timed(lambda: d.copy_(x, non_blocking=True), "cuda"),
-               x.numel() / timed(lambda: x.copy_(d, non_blocking=True), "cuda"))  # fmt: skip
+    rate = min(
+        x.numel() / timed(lambda: d.copy_(x, non_blocking=True), "cuda"),
+        x.numel() / timed(lambda: x.copy_(d, non_blocking=True), "cuda"),
+    )
     log(f"host<->device: {rate / 1e9:.1f} GB/s")
     return rate
 
@@ -189,15 +191,20 @@ def collectives(runs: list[dict[int, dict]], log) -> tuple[list[list], list[list
             alpha, bw = _fit_alpha_beta(pts)
             rows.append([op, size, alpha, bw])
             curve += [[op, size, v, t] for v, t in pts]
-            log(f"{op} x{size}: alpha {alpha * 1e6:.0f} us, {bw / 1e9:.2f} GB/s of ring volume"
-                f" (median of {len(runs)} runs)")  # fmt: skip
+            log(
+                f"{op} x{size}: alpha {alpha * 1e6:.0f} us, {bw / 1e9:.2f} GB/s of ring volume"
+                f" (median of {len(runs)} runs)"
+            )
     return rows, curve, syncs
 
 
 def calibrate(
-    device: str = "cpu", group_sizes: tuple[int, ...] = (2,), name: str | None = None, log=print,
+    device: str = "cpu",
+    group_sizes: tuple[int, ...] = (2,),
+    name: str | None = None,
+    log=print,
     passes: int = GEMM_PASSES,
-):  # fmt: skip
+):
     """Run every microbenchmark on this machine; return (profile, raw samples). `passes`: sweeps
     of the linear grid and of the kernels (each row their median; 1 for a quick smoke profile)."""
     if device not in ("cpu", "cuda"):
@@ -267,9 +274,13 @@ def calibrate(
     if device == "cpu" and 2 in sizes and (os.cpu_count() or 1) >= 2:  # MP 2 as the trials run it
         waits = mp_step_waits(profile, log, MP_STEP_ROUNDS if passes > 1 else 1)
         profile = dataclasses.replace(profile, mp_sync_table=tuple(map(tuple, waits)))
-    samples = {"torch": torch.__version__,
-               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "gemm": gemm, "collective_runs": coll_runs}  # fmt: skip
+    samples = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gemm": gemm,
+        "collective_runs": coll_runs,
+    }
     return profile, samples
 
 

@@ -73,8 +73,10 @@ def misfit(traced: dict, card: Card, dp: int = 1, mp: int = 1) -> str | None:
     have = card.usable_bytes(dp, mp)
     if bound_bytes(peak) <= have:
         return None
-    return (f"traced {peak / 1e9:.1f} GB + the allocator's slack exceeds the {have / 1e9:.1f} GB "
-            f"{card.name} leaves the allocator")  # fmt: skip
+    return (
+        f"traced {peak / 1e9:.1f} GB + the allocator's slack exceeds the {have / 1e9:.1f} GB "
+        f"{card.name} leaves the allocator"
+    )
 
 
 def cuda_only_bytes(layers: int, tokens: int) -> int:

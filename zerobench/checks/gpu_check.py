@@ -55,8 +55,17 @@ def trial(model: str, stage: int, micro_batch: int) -> dict:
     predicts, from the same mapping."""
     # eager: a compile per trial, each in a process of its own, would spend the check's time
     # compiling cold (the GPU tests compile once, in one test)
-    return {"model": model, "stage": stage, "micro_batch": micro_batch, "precision": "bf16", "device": "cuda",
-            "checkpoint_activations": True, "steps": 3, "warmup": 1, "compile": "off"}  # fmt: skip
+    return {
+        "model": model,
+        "stage": stage,
+        "micro_batch": micro_batch,
+        "precision": "bf16",
+        "device": "cuda",
+        "checkpoint_activations": True,
+        "steps": 3,
+        "warmup": 1,
+        "compile": "off",
+    }
 
 
 def flags(values: dict) -> list[str]:
@@ -87,8 +96,11 @@ def run_cli(command: str, values: dict, out: Path, timeout: float) -> dict:
     if done is None:
         return {**values, "status": "timeout", "error": f"zerobench {command}: no record after {timeout:.0f} s"}
     last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {**values, "status": "error",
-            "error": f"zerobench {command} exited with status {done.returncode} without a record: {last}"}  # fmt: skip
+    return {
+        **values,
+        "status": "error",
+        "error": f"zerobench {command} exited with status {done.returncode} without a record: {last}",
+    }
 
 
 def trace_all(trials: list[dict], out: Path, timeout: float, workers: int) -> list[dict]:
@@ -201,8 +213,9 @@ def sweep(planned: list[tuple[dict, float]], runs: Path, budget_s: float, calibr
         if left < 20:
             rows.append(_row(values, "not_run", f"budget spent ({left:.0f} s left of {budget_s:.0f})", traced_peak))
             continue
-        rec = run_cli("run", values, runs / f"{values['model']}-s{values['stage']}-mb{values['micro_batch']}.json",
-                      timeout=left)  # fmt: skip
+        rec = run_cli(
+            "run", values, runs / f"{values['model']}-s{values['stage']}-mb{values['micro_batch']}.json", timeout=left
+        )
         print(f"gpu_check: {_name(values)}: {rec['status']} {rec.get('tflops_per_gpu') or 0:.1f} TFLOPS", flush=True)
         row = compare_row(rec, values, {"": rec.get("hardware"), "calibrated_": calibrated})
         rows.append({**row, "error": rec.get("error"), "traced_peak_bytes": traced_peak})
@@ -257,8 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     trials = [trial(m, s, mb) for m in args.presets.split(",") for s in STAGES for mb in MICRO_BATCHES]
     traces = trace_all(trials, args.out / "traced", args.budget_s, args.trace_workers)
     planned, rows = plan(card, trials, traces)
-    print(f"gpu_check: {card}: {len(planned)} of {len(trials)} trials fit by their trace "
-          f"(traced in {time.monotonic() - start:.0f} s)", flush=True)  # fmt: skip
+    print(
+        f"gpu_check: {card}: {len(planned)} of {len(trials)} trials fit by their trace "
+        f"(traced in {time.monotonic() - start:.0f} s)",
+        flush=True,
+    )
     for r in rows:
         print(f"gpu_check: {r['status']} {_name(r)}: {r['error']}", flush=True)
     rows += sweep(planned, runs, args.budget_s - (time.monotonic() - start), calibrated)
@@ -268,8 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     print(pd.DataFrame(rows).to_string(), flush=True)
     failed = gates(rows)
     counts = Counter(r["status"] for r in rows)
-    print(f"gpu_check: {len(rows)} trials: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-          + (f"; FAILED: {'; '.join(failed)}" if failed else "; every gate passed"), flush=True)  # fmt: skip
+    print(
+        f"gpu_check: {len(rows)} trials: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + (f"; FAILED: {'; '.join(failed)}" if failed else "; every gate passed"),
+        flush=True,
+    )
     return 1 if failed else 0
 
 

@@ -119,8 +119,9 @@ def run_part(part: Part, budget: int, log_path: Path) -> dict:
     argv = [a.replace("{budget}", str(budget)) for a in part.argv]
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         reader = threading.Thread(target=_tee, args=(proc.stdout, log))
         reader.start()
         try:
@@ -134,8 +135,14 @@ def run_part(part: Part, budget: int, log_path: Path) -> dict:
     lines = log_path.read_text().strip().splitlines()
     last = lines[-1] if lines else "(no output)"
     status = "timeout" if rc is None else "passed" if rc == 0 else "failed"
-    return {"part": part.name, "status": status, "rc": rc, "budget_s": budget, "seconds": round(seconds, 2),
-            "last": last}  # fmt: skip
+    return {
+        "part": part.name,
+        "status": status,
+        "rc": rc,
+        "budget_s": budget,
+        "seconds": round(seconds, 2),
+        "last": last,
+    }
 
 
 def budget_of(part: Part, left: float) -> int:
@@ -145,9 +152,13 @@ def budget_of(part: Part, left: float) -> int:
 
 def summary(results: list[dict], seconds: float) -> tuple[str, list[str]]:
     """The one line the check ends with, and the gates that failed (named)."""
-    failed = [f"{r['part']}: {r['status']}"
-              + (f" after {r['seconds']:.0f} s of {r['budget_s']} s" if r["status"] == "timeout" else "")
-              + f" — {r['last']}" for r in results if r["gated"] and r["status"] != "passed"]  # fmt: skip
+    failed = [
+        f"{r['part']}: {r['status']}"
+        + (f" after {r['seconds']:.0f} s of {r['budget_s']} s" if r["status"] == "timeout" else "")
+        + f" — {r['last']}"
+        for r in results
+        if r["gated"] and r["status"] != "passed"
+    ]
     if failed:
         return f"gpu_check: FAILED after {seconds:.0f} s — {' | '.join(failed)}", failed
     done = ", ".join(f"{r['part']} {r['status']} in {r['seconds']:.0f} s" for r in results)
@@ -163,9 +174,12 @@ def main(argv: list[str] | None = None, plan: list[Part] | None = None) -> int:
     start = time.monotonic()
     deadline = start + args.deadline_s - COPY_BACK_S
     info, problems = preflight(args.card)
-    print(f"gpu_check: pre-flight in {time.monotonic() - start:.1f} s: device {info['device']}, profile "
-          f"{info['profile']}, torch {info['torch']}, CUDA {info['cuda']}, missing packages "
-          f"{', '.join(info['missing']) or 'none'}", flush=True)  # fmt: skip
+    print(
+        f"gpu_check: pre-flight in {time.monotonic() - start:.1f} s: device {info['device']}, profile "
+        f"{info['profile']}, torch {info['torch']}, CUDA {info['cuda']}, missing packages "
+        f"{', '.join(info['missing']) or 'none'}",
+        flush=True,
+    )
     out = args.out / (info["device"] or "no-device").replace(" ", "-")
     out.mkdir(parents=True, exist_ok=True)
     (out / "versions.txt").write_text(json.dumps(info, indent=1) + "\n")
@@ -183,8 +197,14 @@ def main(argv: list[str] | None = None, plan: list[Part] | None = None) -> int:
         left = deadline - time.monotonic()
         budget = budget_of(part, left - part.grace_s)
         if budget < part.floor_s:
-            r = {"part": part.name, "status": "not_run", "rc": None, "budget_s": budget, "seconds": 0.0,
-                 "last": f"{left:.0f} s left, its floor {part.floor_s} s"}  # fmt: skip
+            r = {
+                "part": part.name,
+                "status": "not_run",
+                "rc": None,
+                "budget_s": budget,
+                "seconds": 0.0,
+                "last": f"{left:.0f} s left, its floor {part.floor_s} s",
+            }
             print(f"gpu_check: {part.name}: not run ({r['last']})", flush=True)
         else:
             print(f"gpu_check: {part.name}: {budget} s of {left:.0f} s left", flush=True)

@@ -36,8 +36,9 @@ PEAKS = ("status", "error", "stage", "tensor_peak_bytes", "traced_peak_bytes", "
          "peak_reserved_bytes", "step_time_s", "compute_s", "collective_stall_s")  # fmt: skip
 
 
-def peaks(out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device: str = "cuda",
-          card: Card | None = None) -> list[dict]:  # fmt: skip
+def peaks(
+    out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device: str = "cuda", card: Card | None = None
+) -> list[dict]:
     """Part 1: each stage's emulated rank beside its trace, both on `device` (one device's semantics:
     on CUDA both compute in 16 bits): equal, on CUDA up to the tensors its kernels keep beyond the
     host's (`cuda_only_bytes`, a few KB, stated in the row). A rank whose trace does not fit `card`
@@ -46,8 +47,15 @@ def peaks(out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device:
     # on CUDA the rank keeps a few tensors the host's kernels do not (card.py): at most these bytes
     extra = cuda_only_bytes(shape.layers, shape.seq) if device == "cuda" else 0
     for stage in (1, 2, 3):
-        values = {"model": model, "dp": dp, "stage": stage, "precision": "bf16", "checkpoint_activations": True,
-                  "micro_batch": 1, "device": device}  # fmt: skip
+        values = {
+            "model": model,
+            "dp": dp,
+            "stage": stage,
+            "precision": "bf16",
+            "checkpoint_activations": True,
+            "micro_batch": 1,
+            "device": device,
+        }
         trace = run_cli("trace", values, out / f"traced-{model}-dp{dp}-z{stage}.json", deadline - time.monotonic())
         if trace["status"] != "ok":
             record = {"status": "error", "error": f"trace {trace['status']}: {trace.get('error')}"}
@@ -62,9 +70,12 @@ def peaks(out: Path, deadline: float, model: str = "dp-6b", dp: int = 8, device:
         above = (row["tensor_peak_bytes"] or 0) - (row["traced_peak_bytes"] or 0)
         row["equal"] = row["status"] == "ok" and 0 <= above <= extra
         rows.append(row)
-        print(f"gpu_emulated: {model} N_d {dp} stage {stage}: {row['status']}, tensor peak "
-              f"{row['tensor_peak_bytes']} vs traced {row['traced_peak_bytes']}"
-              + (f" ({row['error']})" if row["error"] else ""), flush=True)  # fmt: skip
+        print(
+            f"gpu_emulated: {model} N_d {dp} stage {stage}: {row['status']}, tensor peak "
+            f"{row['tensor_peak_bytes']} vs traced {row['traced_peak_bytes']}"
+            + (f" ({row['error']})" if row["error"] else ""),
+            flush=True,
+        )
     return rows
 
 
@@ -78,8 +89,11 @@ def failures(rows: list[dict], records: list[dict]) -> list[str]:
             out.append(f"stage {r['stage']}: tensor peak {r['tensor_peak_bytes']} != traced {r['traced_peak_bytes']}")
         elif r["status"] not in ("ok", "skipped"):
             out.append(f"stage {r['stage']}: {r['status']} ({r['error']})")
-    out += [f"{r.get('trial') or r.get('model')}: {r['status']} ({r.get('error')})" for r in records
-            if r["status"] in ("error", "timeout")]  # fmt: skip
+    out += [
+        f"{r.get('trial') or r.get('model')}: {r['status']} ({r.get('error')})"
+        for r in records
+        if r["status"] in ("error", "timeout")
+    ]
     return out
 
 
@@ -108,14 +122,20 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None, card
         values = {k: v for k, v in trial.items() if k != "source" and takes("emulate", k)}
         cap = (values.get("mem_cap_mb") or 0) * 2**20
         if card is not None and cap > card.usable_bytes():
-            print(f"gpu_emulated: {name}: skipped {record_path.stem}: its cap {cap / 1e9:.1f} GB is more than the "
-                  f"{card.usable_bytes() / 1e9:.1f} GB {card.name} leaves the allocator", flush=True)  # fmt: skip
+            print(
+                f"gpu_emulated: {name}: skipped {record_path.stem}: its cap {cap / 1e9:.1f} GB is more than the "
+                f"{card.usable_bytes() / 1e9:.1f} GB {card.name} leaves the allocator",
+                flush=True,
+            )
             continue
         record = run_cli("emulate", {**values, **({"device": device} if device else {})}, record_path, left)
         records.append(record)
         files.append(str(record_path))
-        print(f"gpu_emulated: {record_path.stem}: {record['status']} micro-batch {record.get('micro_batch')}, "
-              f"{record.get('tflops_per_gpu') or 0:.1f} TFLOPS", flush=True)  # fmt: skip
+        print(
+            f"gpu_emulated: {record_path.stem}: {record['status']} micro-batch {record.get('micro_batch')}, "
+            f"{record.get('tflops_per_gpu') or 0:.1f} TFLOPS",
+            flush=True,
+        )
     done = [f for f in files if Path(f).exists()]
     if done:  # what the emulated trials wrote, and the modelled line beside it
         done += [str(runs / f"{sheets.trial_id(t)}.json") for t in trials if t["source"] == "modelled"]
@@ -151,10 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = failures(rows, records)
     skipped = [r["stage"] for r in rows if r["status"] == "skipped"]
     ok = sum(r["status"] == "ok" for r in records)
-    print(f"gpu_emulated: peaks {sum(r['equal'] for r in rows)}/{len(rows)} equal to the trace"
-          f"{f' (stages {skipped} skipped: the card cannot hold them)' if skipped else ''}; sheets {ok} ok of "
-          f"{len(records)} run" + (f"; FAILED: {'; '.join(failed)}" if failed else "; every gate passed"),
-          flush=True)  # fmt: skip
+    print(
+        f"gpu_emulated: peaks {sum(r['equal'] for r in rows)}/{len(rows)} equal to the trace"
+        f"{f' (stages {skipped} skipped: the card cannot hold them)' if skipped else ''}; sheets {ok} ok of "
+        f"{len(records)} run" + (f"; FAILED: {'; '.join(failed)}" if failed else "; every gate passed"),
+        flush=True,
+    )
     return 1 if failed else 0
 
 

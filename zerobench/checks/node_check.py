@@ -65,15 +65,29 @@ def layouts(n: int) -> list[tuple[int, int]]:
 def parity_spec(dp: int, mp: int, stage: int, device: str) -> TrialSpec:
     """A small model over several buckets (64 KiB), fp32, the global batch 2·dp sequences."""
     parallel = ParallelConfig(dp=dp, mp=mp, stage=stage, bucket_bytes=64 * 1024)
-    return TrialSpec(model=preset("tiny"), parallel=parallel, precision=PrecisionConfig(mode="fp32", device=device),
-                     train=TrainConfig(steps=3, warmup=0, micro_batch=2))  # fmt: skip
+    return TrialSpec(
+        model=preset("tiny"),
+        parallel=parallel,
+        precision=PrecisionConfig(mode="fp32", device=device),
+        train=TrainConfig(steps=3, warmup=0, micro_batch=2),
+    )
 
 
 def speed_values(model: str, stage: int, n: int) -> dict:
     """A speed trial's fields (trial/fields.py): bf16, activation checkpointing, micro-batch 4;
     eager, as the trace runs it (a compiled block keeps other tensors than the traced one)."""
-    return {"model": model, "stage": stage, "dp": n, "micro_batch": 4, "precision": "bf16", "device": "cuda",
-            "checkpoint_activations": True, "compile": "off", "steps": 3, "warmup": 1}  # fmt: skip
+    return {
+        "model": model,
+        "stage": stage,
+        "dp": n,
+        "micro_batch": 4,
+        "precision": "bf16",
+        "device": "cuda",
+        "checkpoint_activations": True,
+        "compile": "off",
+        "steps": 3,
+        "warmup": 1,
+    }
 
 
 def speed_spec(values: dict) -> TrialSpec:
@@ -128,8 +142,14 @@ def parity(ctx, spec: TrialSpec, device: torch.device) -> dict:
     p = spec.parallel
     if failed != len(failures):
         failures.append("(another rank's ledger differs)")
-    return {"dp": p.dp, "mp": p.mp, "stage": p.stage, "loss_rel_err": loss_err, "param_rel_err": param_err,
-            "ledger_failures": failures}  # fmt: skip
+    return {
+        "dp": p.dp,
+        "mp": p.mp,
+        "stage": p.stage,
+        "loss_rel_err": loss_err,
+        "param_rel_err": param_err,
+        "ledger_failures": failures,
+    }
 
 
 def outside_allocator_bytes() -> int:
@@ -162,8 +182,9 @@ def speed(ctx, values: dict, traced: Path, n: int, device: torch.device, card: C
     row["dp_comm_s"] = sum(v["seconds"] for k, v in comm.items() if k.endswith("/dp")) / spec.train.steps
     hw = rec.get("hardware")
     if hw and rec["status"] == "ok":
-        pred = model_record(spec.model, spec.parallel, spec.precision, spec.train, hw, gpus_per_node=n,
-                            attention=ENGINE_ATTENTION)  # fmt: skip
+        pred = model_record(
+            spec.model, spec.parallel, spec.precision, spec.train, hw, gpus_per_node=n, attention=ENGINE_ATTENTION
+        )
         row["hardware"] = hw
         row.update({f"predicted_{k}": pred.get(k) for k in ("step_time_s", "tflops_per_gpu", "dp_comm_s")})
     row["traced_peak_bytes"] = trace.get("peak_allocated_bytes")
@@ -211,10 +232,15 @@ def run(out: Path, device: str, gates: tuple[str, ...]) -> int:
         torch.cuda.synchronize()
         nccl["at_creation_bytes"] = outside_allocator_bytes() - before
     rows = [parity(ctxs[lay], parity_spec(*lay, s, device), dev) for lay in layouts(n) for s in range(4)]
-    failed = {"parity": [f"dp {r['dp']} mp {r['mp']} stage {r['stage']}: loss {r['loss_rel_err']:.2g}, "
-                         f"parameters {r['param_rel_err']:.2g} relative" for r in rows
-                         if max(r["loss_rel_err"], r["param_rel_err"]) >= RTOL],
-              "ledger": [f for r in rows for f in r["ledger_failures"]]}  # fmt: skip
+    failed = {
+        "parity": [
+            f"dp {r['dp']} mp {r['mp']} stage {r['stage']}: loss {r['loss_rel_err']:.2g}, "
+            f"parameters {r['param_rel_err']:.2g} relative"
+            for r in rows
+            if max(r["loss_rel_err"], r["param_rel_err"]) >= RTOL
+        ],
+        "ledger": [f for r in rows for f in r["ledger_failures"]],
+    }
     speed_rows, base = [], ctxs[(n, 1)]
     if cuda:
         trials = [speed_values(m, s, n) for m in SPEED_MODELS for s in range(4)]
@@ -235,14 +261,25 @@ def run(out: Path, device: str, gates: tuple[str, ...]) -> int:
 
 def verdict(failed: dict[str, list[str]], gates: tuple[str, ...], device: str) -> dict:
     """Per asked gate, ok and its failures; a gate asked of a device that cannot run it fails."""
-    return {g: {"ok": not failed[g], "failures": failed[g]} if g in failed
-            else {"ok": False, "failures": [f"not run on {device}"]} for g in gates}  # fmt: skip
+    return {
+        g: {"ok": not failed[g], "failures": failed[g]}
+        if g in failed
+        else {"ok": False, "failures": [f"not run on {device}"]}
+        for g in gates
+    }
 
 
 def _write(out: Path, device: str, n: int, verdict: dict, rows: list, speed_rows: list, nccl: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"device": device, "ranks": n, "torch": torch.__version__, "gates": verdict, "parity": rows,
-           "speed": speed_rows, "nccl": nccl}  # fmt: skip
+    doc = {
+        "device": device,
+        "ranks": n,
+        "torch": torch.__version__,
+        "gates": verdict,
+        "parity": rows,
+        "speed": speed_rows,
+        "nccl": nccl,
+    }
     (out / "node_check.json").write_text(json.dumps(doc, indent=1) + "\n")
     if speed_rows:
         import pandas as pd  # pandas only where there are speed rows to write (a GPU node)

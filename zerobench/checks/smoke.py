@@ -87,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     for d in diffs:
         print(f"CHANGED {d}", file=sys.stderr)
     if diffs:
-        print(f"smoke: {len(diffs)} number(s) differ from {args.baseline}; if the change is intended, "
-              "rerun with --update (make smoke-baseline) and commit the baseline with it", file=sys.stderr)  # fmt: skip
+        print(
+            f"smoke: {len(diffs)} number(s) differ from {args.baseline}; if the change is intended, "
+            "rerun with --update (make smoke-baseline) and commit the baseline with it",
+            file=sys.stderr,
+        )
     return 1 if diffs else 0
 
 

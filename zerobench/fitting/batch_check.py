@@ -47,5 +47,9 @@ def batch_check(cal: Calibration = DEFAULT) -> pd.DataFrame:
                     batch = int(paper("fig3", "throughput_per_gpu", column="batch", gpus=record["world_size"]))
                 entry = runs.setdefault(label, [batch, 0])
                 entry[1] = max(entry[1], record["max_micro_batch"])
-    return pd.DataFrame([dict(run=label, paper_batch=batch, max_micro_batch=b_max, fits=b_max >= batch,
-                              ratio=b_max / batch) for label, (batch, b_max) in runs.items()])  # fmt: skip
+    return pd.DataFrame(
+        [
+            dict(run=label, paper_batch=batch, max_micro_batch=b_max, fits=b_max >= batch, ratio=b_max / batch)
+            for label, (batch, b_max) in runs.items()
+        ]
+    )

@@ -19,8 +19,13 @@ from zerobench.perfmodel.constants import DEFAULT, FITTED, GEMM_EFF_MEASURED, Ca
 from zerobench.perfmodel.hardware import GiB
 
 THROUGHPUT_KNOBS = ("gemm_eff_max", "tokens_half", "elementwise_traffic", "ib_efficiency", "nvlink_efficiency")
-_BOUNDS = {"gemm_eff_max": (0.2, 0.9), "tokens_half": (100.0, 20000.0), "elementwise_traffic": (1.0, 20.0),
-           "ib_efficiency": (0.3, 1.0), "nvlink_efficiency": (0.3, 1.0)}  # fmt: skip
+_BOUNDS = {
+    "gemm_eff_max": (0.2, 0.9),
+    "tokens_half": (100.0, 20000.0),
+    "elementwise_traffic": (1.0, 20.0),
+    "ib_efficiency": (0.3, 1.0),
+    "nvlink_efficiency": (0.3, 1.0),
+}
 
 
 def _error(cal: Calibration, artifact: str, key: str) -> float:

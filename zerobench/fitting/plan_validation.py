@@ -52,11 +52,25 @@ def _matches(run) -> callable:
 
 
 def _request(run) -> PlanRequest:
-    model = ModelConfig(layers=int(run.layers), hidden=int(run.hidden), heads=int(run.heads), seq=int(run.seq),
-                        vocab=int(run.vocab), name=run.model)  # fmt: skip
+    model = ModelConfig(
+        layers=int(run.layers),
+        hidden=int(run.hidden),
+        heads=int(run.heads),
+        seq=int(run.seq),
+        vocab=int(run.vocab),
+        name=run.model,
+    )
     impl = IMPLEMENTATION.get(run.source, DEFAULT_IMPLEMENTATION)
-    return PlanRequest(model, int(run.gpus), run.hardware, run.precision, int(run.global_batch), top=1,
-                       attention=run.attention, implementation=impl)  # fmt: skip
+    return PlanRequest(
+        model,
+        int(run.gpus),
+        run.hardware,
+        run.precision,
+        int(run.global_batch),
+        top=1,
+        attention=run.attention,
+        implementation=impl,
+    )
 
 
 def _not_there(req: PlanRequest, run) -> str:
@@ -75,8 +89,10 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
         try:
             rows = rank(req, cal, progress=None)
         except ConfigError as exc:
-            out += [dict(zip(KEY, key, strict=True), value=r.value, metric=r.metric, note=str(exc))
-                    for r in group.itertuples()]  # fmt: skip
+            out += [
+                dict(zip(KEY, key, strict=True), value=r.value, metric=r.metric, note=str(exc))
+                for r in group.itertuples()
+            ]
             continue
         top = rows[0]
         traced = {}
@@ -115,12 +131,17 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
 def _pairs_ordered(group: pd.DataFrame, ranks: dict) -> float | None:
     """% of the pairs of published runs (both in the plan, measured apart) the plan orders as measured."""
     high = BETTER_HIGH[group.metric.iloc[0]]
-    pairs = [(a, b) for a, b in itertools.combinations(group.itertuples(), 2)
-             if ranks[a.Index] and ranks[b.Index] and a.value != b.value]  # fmt: skip
+    pairs = [
+        (a, b)
+        for a, b in itertools.combinations(group.itertuples(), 2)
+        if ranks[a.Index] and ranks[b.Index] and a.value != b.value
+    ]
     if not pairs:
         return None
-    agree = sum(((a.value > b.value) == high) == (ranks[a.Index]["tokens_per_s"] > ranks[b.Index]["tokens_per_s"])
-                for a, b in pairs)  # fmt: skip
+    agree = sum(
+        ((a.value > b.value) == high) == (ranks[a.Index]["tokens_per_s"] > ranks[b.Index]["tokens_per_s"])
+        for a, b in pairs
+    )
     return 100 * agree / len(pairs)
 
 

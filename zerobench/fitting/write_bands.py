@@ -40,8 +40,11 @@ from zerobench.trial import git_revision
 
 LOSO_OUT = HOLDOUT_OUT.with_name("external_loso.csv")
 COVERAGE_OUT = HOLDOUT_OUT.with_name("external_coverage.csv")
-HOW = {"loso": "leave-one-source-out", "holdout": "holdout, no choice made on it",
-       "validation": "holdout, then validation: a choice was made on it"}  # fmt: skip
+HOW = {
+    "loso": "leave-one-source-out",
+    "holdout": "holdout, no choice made on it",
+    "validation": "holdout, then validation: a choice was made on it",
+}
 SETS_BAND = ("loso", "validation")  # runs a choice was made with in view: they set the bands
 COUNTED = "holdout"  # runs that set no band and moved no choice: the coverage is counted on them
 REGIME = ["generation", "kind", "scale"]
@@ -69,10 +72,20 @@ def bands(runs: pd.DataFrame) -> pd.DataFrame:
         err = sub.error_pct.astype(float)
         evidence = "; ".join(f"{src} ({HOW[how]}, {len(s)})" for (src, how), s in sub.groupby(["source", "evidence"]))
         pct = prediction_interval(err.abs())
-        out.append(dict(generation=gen, kind=kind, scale=scale, band_pct=None if pct is None else round(pct, 2),
-                        coverage=COVERAGE, runs=len(sub), mean_abs_pct=round(err.abs().mean(), 2),
-                        worst_pct=round(err.abs().max(), 2), bias_pct=round(err.mean(), 2),
-                        evidence=evidence))  # fmt: skip
+        out.append(
+            dict(
+                generation=gen,
+                kind=kind,
+                scale=scale,
+                band_pct=None if pct is None else round(pct, 2),
+                coverage=COVERAGE,
+                runs=len(sub),
+                mean_abs_pct=round(err.abs().mean(), 2),
+                worst_pct=round(err.abs().max(), 2),
+                bias_pct=round(err.mean(), 2),
+                evidence=evidence,
+            )
+        )
     return pd.DataFrame(out)
 
 
@@ -80,8 +93,9 @@ def pooled(runs: pd.DataFrame) -> pd.DataFrame:
     """The pooled band: the POOLED_COVERAGE interval of every band-setting run's |error|, one row."""
     err = runs[runs.evidence.isin(SETS_BAND)].error_pct.astype(float).abs()
     pct = prediction_interval(err, POOLED_COVERAGE)
-    return pd.DataFrame([dict(band_pct=None if pct is None else round(pct, 2),
-                              coverage=POOLED_COVERAGE, runs=len(err))])  # fmt: skip
+    return pd.DataFrame(
+        [dict(band_pct=None if pct is None else round(pct, 2), coverage=POOLED_COVERAGE, runs=len(err))]
+    )
 
 
 def counted(runs: pd.DataFrame, table: pd.DataFrame, pool: pd.DataFrame) -> pd.DataFrame:

@@ -66,8 +66,9 @@ class Trainer:
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
         stage = int(impl.rsplit("-", 1)[1])
         model = reference_model(spec)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                               config=config(stage, spec))  # fmt: skip
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=config(stage, spec)
+        )
         self.note = f"zero_optimization.stage={stage}, DeepSpeed defaults otherwise"
 
     def step(self, step: int) -> float:

@@ -198,8 +198,14 @@ def train_on_rank(impl: str, spec, observer: CollectiveObserver | None = None) -
     if observer is not None:
         observer.active = False
     times = timer.times()
-    return {"losses": losses, "times": times[warmup:], "warmup_s": sum(times[:warmup]), "base_rss": base_rss,
-            "note": trainer.note, "trainer": trainer}  # fmt: skip
+    return {
+        "losses": losses,
+        "times": times[warmup:],
+        "warmup_s": sum(times[:warmup]),
+        "base_rss": base_rss,
+        "note": trainer.note,
+        "trainer": trainer,
+    }
 
 
 def timed_collectives(trainer, observer: CollectiveObserver) -> dict:

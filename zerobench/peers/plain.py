@@ -53,8 +53,9 @@ class Trainer:
             model.blocks[i] = block
         self.model = model
         t = self.train
-        self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps,
-                                     weight_decay=t.weight_decay, fused=True)  # fmt: skip
+        self.opt = torch.optim.AdamW(
+            model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay, fused=True
+        )
         dtype = AUTOCAST[spec.precision.mode]
         self.autocast = (lambda: torch.autocast(self.device.type, dtype)) if dtype else contextlib.nullcontext
         self.note = (

@@ -202,8 +202,14 @@ def plot_peers(csv_path, png_path) -> None:
             )
             for values, style, text in lines if col == "step_time_s" else ():
                 if stage in values.index:
-                    ax.hlines(values[stage], x - 0.4, x + len(group) - 0.6, colors="black", linestyles=style,
-                              label=text if first_stage else None)  # fmt: skip
+                    ax.hlines(
+                        values[stage],
+                        x - 0.4,
+                        x + len(group) - 0.6,
+                        colors="black",
+                        linestyles=style,
+                        label=text if first_stage else None,
+                    )
             for _, r in group.iterrows():
                 err = None
                 if col == "step_time_s":

@@ -53,8 +53,14 @@ class Trainer:
             else:
                 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-                self.opt = _adam(self.model.parameters(), self.train, cls=ZeroRedundancyOptimizer,
-                                 optimizer_class=torch.optim.Adam, process_group=group, **fused)  # fmt: skip
+                self.opt = _adam(
+                    self.model.parameters(),
+                    self.train,
+                    cls=ZeroRedundancyOptimizer,
+                    optimizer_class=torch.optim.Adam,
+                    process_group=group,
+                    **fused,
+                )
             self.note = f"DDP bucket_cap_mb={bucket_mb:g}"
         elif impl.startswith("fsdp2"):
             from torch.distributed.device_mesh import DeviceMesh, init_device_mesh

@@ -52,17 +52,27 @@ H200_FITTED_ROW = ("gpu/h200", "gpt-1.5b stage 3 micro-batch 1")
 MEGATRON_2021 = ("external_runs", "megatron-lm-2021")
 # The rows a switch moves, in the artifacts that were in view when it was chosen (tests/unit/test_choices.py
 # reverts each and compares): listed batches capped, ZeRO's reduction not overlapped.
-_OVERLAP = (*(("fig2", f"ZeRO {m}B") for m in ("1.5", 8, 40, 60, 80, 100, 120, 140, 170)),
-            *(("fig3", f"{n} GPUs") for n in (64, 128, 256, 400)),
-            *(("fig7", k) for k in ("60B C3", "60B C4", "60B C5", "170B C5")),
-            *(("fig8", f"ZeRO {m}B") for m in ("1.5", 2.5, 4, 6, 8, 10, 11, 12, 13)))  # fmt: skip
+_OVERLAP = (
+    *(("fig2", f"ZeRO {m}B") for m in ("1.5", 8, 40, 60, 80, 100, 120, 140, 170)),
+    *(("fig3", f"{n} GPUs") for n in (64, 128, 256, 400)),
+    *(("fig7", k) for k in ("60B C3", "60B C4", "60B C5", "170B C5")),
+    *(("fig8", f"ZeRO {m}B") for m in ("1.5", 2.5, 4, 6, 8, 10, 11, 12, 13)),
+)
 # The memory rows of the paper's artifacts on the V100 (Table 2, Figs 5, 6 and 8's largest models): each
 # carries the terms outside the engine's tensors that the V100 profile does not measure.
-_TABLE2 = tuple(("table2", f"MP {mp} {what}") for mp in (1, 2, 4, 8, 16)
-                for what in ("baseline measured", "P_os measured", "P_os+g modelled", "P_os+g+p modelled"))  # fmt: skip
+_TABLE2 = tuple(
+    ("table2", f"MP {mp} {what}")
+    for mp in (1, 2, 4, 8, 16)
+    for what in ("baseline measured", "P_os measured", "P_os+g modelled", "P_os+g+p modelled")
+)
 _FIG6 = tuple(("fig6", k) for k in ("40B C1", "40B C2", "40B C3", "40B C4", "40B C5", "100B C4", "100B C5"))
-_NCCL = (*(("fig5", f"C{c}") for c in (2, 3, 4, 5)), *_FIG6, ("fig8", "max model DDP"), ("fig8", "max model ZeRO-DP"),
-         *(r for r in _TABLE2 if "baseline" not in r[1] and r[1] != "MP 1 P_os+g modelled"))  # fmt: skip
+_NCCL = (
+    *(("fig5", f"C{c}") for c in (2, 3, 4, 5)),
+    *_FIG6,
+    ("fig8", "max model DDP"),
+    ("fig8", "max model ZeRO-DP"),
+    *(r for r in _TABLE2 if "baseline" not in r[1] and r[1] != "MP 1 P_os+g modelled"),
+)
 
 CHOICES = (
     Choice(_THROUGHPUT, "fitted", "V100 compute and link constants (Nelder-Mead on the points' mean |error|; "
@@ -162,8 +172,9 @@ def fitted_rows(artifact: str | None = None) -> dict[tuple[str, str], tuple[str,
 def reversible(artifact: str) -> dict[str, dict]:
     """The choices of `artifact`'s rows (made on them or carried by them) that the model can undo:
     name -> {field: value}."""
-    return {c.name: dict(c.without) for c in CHOICES
-            if c.without and any(a == artifact for a, _ in c.rows + c.carriers)}  # fmt: skip
+    return {
+        c.name: dict(c.without) for c in CHOICES if c.without and any(a == artifact for a, _ in c.rows + c.carriers)
+    }
 
 
 def markdown() -> str:

@@ -84,8 +84,9 @@ _BLOCK_MODULES = (2, 2, 2, 2, 2, 2)  # ln1, attn.qkv, attn.proj, ln2, mlp.fc, ml
 
 
 @lru_cache(maxsize=256)
-def flat_layout(model: ModelConfig, mp: int, dp: int, stage: int, bucket_numel: int,
-                threshold: int) -> tuple[FlatLayout, int]:  # fmt: skip
+def flat_layout(
+    model: ModelConfig, mp: int, dp: int, stage: int, bucket_numel: int, threshold: int
+) -> tuple[FlatLayout, int]:
     """The engine's own layout of this rank's parameters: C_B buckets packed in order (stages 0–2,
     zero/core.py `packed_layout`) or one bucket per module, small tensors packed apart (stage 3,
     zero/stage3.py `module_layout`), and how many of its buckets are partitioned (at stage 3 those
@@ -177,8 +178,14 @@ class _Buckets:
         return at
 
 
-def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int,
-                hw: HardwareProfile, grad_accum: int = 1) -> dict[str, float]:  # fmt: skip
+def engine_peak(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    micro_batch: int,
+    hw: HardwareProfile,
+    grad_accum: int = 1,
+) -> dict[str, float]:
     """Bytes per rank: the model states (param_bytes, grad_bytes, optimizer_bytes); `activations`,
     what forward keeps for backward; `transient`, the rest of the step's peak (the loss's buffers,
     a block rebuilt and its gradients, gradient buckets, the embedding's gradients, the step's
@@ -197,8 +204,9 @@ def engine_peak(model: ModelConfig, parallel: ParallelConfig, precision: Precisi
 
 
 @lru_cache(maxsize=1 << 15)  # ~1 kB an entry: a fit or a plan prices the same layout again and again
-def _tensors(model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int, a: int,
-             grad_accum: int) -> dict[str, float]:  # fmt: skip
+def _tensors(
+    model: ModelConfig, parallel: ParallelConfig, precision: PrecisionConfig, micro_batch: int, a: int, grad_accum: int
+) -> dict[str, float]:
     """`engine_peak`'s tensors, `a` bytes per activation element (`compute_bytes`): all of it but
     what the hardware adds (the runtime's, and what lies outside the allocator)."""
     m, dp, L, stage = parallel.mp, parallel.dp, model.layers, parallel.stage

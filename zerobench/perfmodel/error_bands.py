@@ -103,10 +103,14 @@ class Band:
         if self.pct is None and not self.runs:
             return f"unvalidated: no validation published run like this one ({self.regime})"
         if self.pct is None:
-            return (f"unvalidated: {self.runs} validation run(s) like this one, fewer than {MIN_RUNS} (worst "
-                    f"{self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
-        return (f"±{self.pct:.0f} % ({COVERAGE:.0%} prediction interval from {self.runs} validation runs like this "
-                f"one, worst {self.worst_pct:.0f} %; {self.regime}; {self.evidence})")  # fmt: skip
+            return (
+                f"unvalidated: {self.runs} validation run(s) like this one, fewer than {MIN_RUNS} (worst "
+                f"{self.worst_pct:.0f} %; {self.regime}; {self.evidence})"
+            )
+        return (
+            f"±{self.pct:.0f} % ({COVERAGE:.0%} prediction interval from {self.runs} validation runs like this "
+            f"one, worst {self.worst_pct:.0f} %; {self.regime}; {self.evidence})"
+        )
 
 
 @functools.cache

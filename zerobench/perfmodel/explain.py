@@ -23,8 +23,14 @@ ADDED, HIDDEN = "added to the step (a synchronize per gather)", "hidden while un
 GPT3_175B = ModelConfig(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, name="gpt3-175b")
 
 
-def calls_table(model: ModelConfig, parallel: ParallelConfig, hardware: str, impl_name: str, micro_batches: int = 1,
-                storage_bytes: int = 2) -> str:  # fmt: skip
+def calls_table(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    hardware: str,
+    impl_name: str,
+    micro_batches: int = 1,
+    storage_bytes: int = 2,
+) -> str:
     """Markdown: one row per group of equal DP calls of a step, with NCCL's pick and its seconds."""
     hw, impl, mp = get_profile(hardware), implementation.get(impl_name), parallel.mp
     cal = DEFAULT.for_hardware(hw.name)
@@ -43,18 +49,23 @@ def calls_table(model: ModelConfig, parallel: ParallelConfig, hardware: str, imp
         pick = group.choice(op, nbytes)
         total += n * pick.seconds
         ms = f"{pick.latency_s * 1e3:.3g} | {pick.bandwidth_s * 1e3:.3g}"
-        lines.append(f"| {op} | {nbytes / 1e6:.3g} | {n} | {pick.algorithm} / {pick.protocol} | {ms} | "
-                     f"{n * pick.seconds:.3g} |")  # fmt: skip
+        lines.append(
+            f"| {op} | {nbytes / 1e6:.3g} | {n} | {pick.algorithm} / {pick.protocol} | {ms} | {n * pick.seconds:.3g} |"
+        )
     gathers = sum(c.calls for c in plan if c.op == "all_gather")
     reductions = sum(c.calls for c in plan if c.op == "reduce_scatter")
     host = implementation.list_form_host_s(gathers, reductions, parallel.dp, impl, HOST_OP_S)
-    lines.append(f"\nCollectives {total:.3g} s; list-form host work {host:.3g} s ({impl.ops_per_rank} ops per rank "
-                 f"per gather / reduce-scatter × {parallel.dp} ranks × {HOST_OP_S * 1e6:.3g} µs), "
-                 f"{ADDED if impl.sync_per_gather else HIDDEN}.")  # fmt: skip
+    lines.append(
+        f"\nCollectives {total:.3g} s; list-form host work {host:.3g} s ({impl.ops_per_rank} ops per rank "
+        f"per gather / reduce-scatter × {parallel.dp} ranks × {HOST_OP_S * 1e6:.3g} µs), "
+        f"{ADDED if impl.sync_per_gather else HIDDEN}."
+    )
     train = TrainConfig(micro_batch=1, grad_accum=micro_batches)
     pred = predict(model, parallel, PrecisionConfig("fp16", "cuda"), train, hardware, implementation=impl_name)
-    lines.append(f"Step {pred.step_time_s:.3g} s: compute {pred.compute_s:.3g}, DP {pred.dp_comm_s:.3g}, "
-                 f"overhead {pred.overhead_s:.3g}; {pred.tflops_per_gpu:.3g} TFLOPS per GPU (modelled).")  # fmt: skip
+    lines.append(
+        f"Step {pred.step_time_s:.3g} s: compute {pred.compute_s:.3g}, DP {pred.dp_comm_s:.3g}, "
+        f"overhead {pred.overhead_s:.3g}; {pred.tflops_per_gpu:.3g} TFLOPS per GPU (modelled)."
+    )
     return "\n".join(lines)
 
 

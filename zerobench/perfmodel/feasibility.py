@@ -100,8 +100,12 @@ class MemoryBreakdown:
 
     def terms(self) -> str:
         """The training peak's terms in GB, largest first: which one does not fit."""
-        terms = {"model states": self.model_state_bytes, "activations": self.checkpoint_bytes,
-                 "transient": self.working_bytes, "buffers": self.buffer_bytes}  # fmt: skip
+        terms = {
+            "model states": self.model_state_bytes,
+            "activations": self.checkpoint_bytes,
+            "transient": self.working_bytes,
+            "buffers": self.buffer_bytes,
+        }
         return ", ".join(f"{k} {v / 1e9:.1f}" for k, v in sorted(terms.items(), key=lambda kv: -kv[1]) if v)
 
     def cached_bytes(self, cal: Calibration) -> float:
@@ -219,8 +223,9 @@ def code_breakdown(
     )
 
 
-def engine_breakdown(model, parallel, precision, micro_batch: int, hw: HardwareProfile,
-                     cal: Calibration) -> MemoryBreakdown:  # fmt: skip
+def engine_breakdown(
+    model, parallel, precision, micro_batch: int, hw: HardwareProfile, cal: Calibration
+) -> MemoryBreakdown:
     """This engine's own bytes (engine_memory.py, equal to `zerobench trace`'s), on any profile: a
     CPU host as its RSS grows (the runtime calibrate measured added), a GPU as its allocator hands
     out, against what the card leaves the allocator (`usable_bytes`, less NCCL's buffers and the
@@ -282,9 +287,15 @@ def max_micro_batch(model, parallel, precision, hw, cal, limit: int = 1 << 16, a
 
 
 def max_layers(
-    model: ModelConfig, parallel, precision, micro_batch: int, hw, cal, limit: int = 1 << 14,
+    model: ModelConfig,
+    parallel,
+    precision,
+    micro_batch: int,
+    hw,
+    cal,
+    limit: int = 1 << 14,
     attention: str = "materialized",
-) -> int:  # fmt: skip
+) -> int:
     """Most layers of `model`'s width that fit at `micro_batch` (0 if none)."""
     return _largest(
         lambda n: breakdown(dataclasses.replace(model, layers=n), parallel, precision, micro_batch, hw, cal,

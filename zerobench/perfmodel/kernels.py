@@ -51,8 +51,11 @@ def layer_gemms(model: ModelConfig, micro_batch: int, mp: int) -> list[tuple[str
 def layer_elementwise(model: ModelConfig, micro_batch: int, mp: int, attention: str) -> list[tuple[str, float, int]]:
     """(name, elements read + written, tensor elements) of one layer's forward element-wise kernels."""
     t, h = micro_batch * model.seq, model.hidden
-    kernels = [("layernorm", 2 * 2 * t * h, t * h), ("gelu", 2 * 4 * t * h / mp, 4 * t * h // mp),
-               ("residual_add", 2 * 3 * t * h, t * h)]  # fmt: skip
+    kernels = [
+        ("layernorm", 2 * 2 * t * h, t * h),
+        ("gelu", 2 * 4 * t * h / mp, 4 * t * h // mp),
+        ("residual_add", 2 * 3 * t * h, t * h),
+    ]
     if attention == "materialized":
         scores = model.heads // mp * micro_batch * model.seq**2
         kernels.append(("softmax", 2 * scores, scores))
@@ -110,9 +113,16 @@ def _layer_kernels(model: ModelConfig, micro_batch: int, mp: int, attention: str
 
 
 def measured_compute_time(
-    model: ModelConfig, mp: int, micro_batch: int, grad_accum: int, recompute: bool, attention: str,
-    hw: HardwareProfile, share: float = 1, mixed: bool = False,
-) -> tuple[float, dict]:  # fmt: skip
+    model: ModelConfig,
+    mp: int,
+    micro_batch: int,
+    grad_accum: int,
+    recompute: bool,
+    attention: str,
+    hw: HardwareProfile,
+    share: float = 1,
+    mixed: bool = False,
+) -> tuple[float, dict]:
     """(seconds of compute per step, seconds per term) on a measured profile; `share` ranks split
     the host's compute (CPU ranks on one host). Each linear at its shape's measured rate, each
     named kernel at its size's, and every op's cost beside its arithmetic. Per micro-batch the

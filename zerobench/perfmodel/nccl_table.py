@@ -100,8 +100,15 @@ def choose(op: str, per_node: int, nodes: int, simple_s: float, intra: str = "nv
 
 def table() -> list[dict]:
     """The constants as rows (for docs and the worked example): link, algorithm, protocol, µs."""
-    rows = [dict(kind="base", link="", algorithm=a, protocol=p, us=BASE_LAT[a][i] / US)
-            for a in ALGORITHMS for i, p in enumerate(PROTOCOLS)]  # fmt: skip
-    rows += [dict(kind="per step", link=link, algorithm=a, protocol=p, us=HW_LAT[link][a][i] / US)
-             for link in HW_LAT for a in ALGORITHMS for i, p in enumerate(PROTOCOLS)]  # fmt: skip
+    rows = [
+        dict(kind="base", link="", algorithm=a, protocol=p, us=BASE_LAT[a][i] / US)
+        for a in ALGORITHMS
+        for i, p in enumerate(PROTOCOLS)
+    ]
+    rows += [
+        dict(kind="per step", link=link, algorithm=a, protocol=p, us=HW_LAT[link][a][i] / US)
+        for link in HW_LAT
+        for a in ALGORITHMS
+        for i, p in enumerate(PROTOCOLS)
+    ]
     return rows

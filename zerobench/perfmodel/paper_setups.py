@@ -11,5 +11,6 @@ PAPER_PRECISION = PrecisionConfig(mode="fp16", device="cuda")  # paper §6: fp16
 
 def zero_parallel(gpus: int, mp: int, config: str = "C4") -> ParallelConfig:
     """ZeRO-100B: P_os+g + ZeRO-R (C_B, M_D, P_a; P_a+cpu in C5), checkpointing every layer (§6)."""
-    return ParallelConfig(dp=gpus // mp, mp=mp, checkpoint_activations=True, bucket_bytes=PAPER_BUCKET,
-                          **ZERO_CONFIGS[config])  # fmt: skip
+    return ParallelConfig(
+        dp=gpus // mp, mp=mp, checkpoint_activations=True, bucket_bytes=PAPER_BUCKET, **ZERO_CONFIGS[config]
+    )

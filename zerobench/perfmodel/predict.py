@@ -174,13 +174,20 @@ def model_record(
         activation_bytes=mem.activation_bytes, peak_allocated_bytes=mem.total_bytes, build_peak_bytes=mem.build_bytes,
         peak_reserved_bytes=mem.cached_bytes(cal),
     )  # fmt: skip
-    extra = {"max_micro_batch": pred.max_micro_batch, "buffer_bytes": mem.buffer_bytes,
-             "usable_bytes": mem.usable_bytes, "attention": attention, "implementation": implementation}  # fmt: skip
+    extra = {
+        "max_micro_batch": pred.max_micro_batch,
+        "buffer_bytes": mem.buffer_bytes,
+        "usable_bytes": mem.usable_bytes,
+        "attention": attention,
+        "implementation": implementation,
+    }
     if not pred.fits:
         needs = mem.total_bytes if mem.builds else max(mem.total_bytes, mem.build_bytes)
         phase = "" if mem.builds else " to build the engine" if mem.trains else " to build and to train"
-        msg = (f"needs {needs / 1e9:.1f} GB per GPU{phase} ({mem.terms()}), {mem.usable_bytes / 1e9:.1f} GB usable; "
-               f"largest micro-batch that fits: {pred.max_micro_batch}")  # fmt: skip
+        msg = (
+            f"needs {needs / 1e9:.1f} GB per GPU{phase} ({mem.terms()}), {mem.usable_bytes / 1e9:.1f} GB usable; "
+            f"largest micro-batch that fits: {pred.max_micro_batch}"
+        )
         return new_record("modelled", status="oom", error=msg, extra=extra, **fields)
     step = pred.step_time_s
     samples = train.micro_batch * train.grad_accum * parallel.dp / step
@@ -209,9 +216,11 @@ def estimate_text(
     """The planning answer for a person: fits or not, memory by category, batch, speed, and how sure
     the speed is (the regime's band) under which implementation profile."""
     hw = get_profile(hardware, gpus_per_node)
-    head = (f"{model.name} ({model.num_params / 1e9:.2f}B params) on {parallel.world_size} x {hw.gpu} "
-            f"(dp={parallel.dp}, mp={parallel.mp}, stage {parallel.stage}, "
-            f"micro-batch {train.micro_batch}, {attention} attention)")  # fmt: skip
+    head = (
+        f"{model.name} ({model.num_params / 1e9:.2f}B params) on {parallel.world_size} x {hw.gpu} "
+        f"(dp={parallel.dp}, mp={parallel.mp}, stage {parallel.stage}, "
+        f"micro-batch {train.micro_batch}, {attention} attention)"
+    )
     try:
         pred = predict(model, parallel, precision, train, hw, None, cal, attention, implementation)
     except ConfigError as exc:
@@ -219,9 +228,17 @@ def estimate_text(
     m = pred.memory
     z = _size
     unit = "rank" if hw.ranks_share_compute else "GPU"
-    verdict = "yes" if pred.fits else "NO (out of memory while training)" if m.builds else (
-        "NO (out of memory while building the engine; training alone would fit)" if m.trains
-        else "NO (out of memory while building and while training)")  # fmt: skip
+    verdict = (
+        "yes"
+        if pred.fits
+        else "NO (out of memory while training)"
+        if m.builds
+        else (
+            "NO (out of memory while building the engine; training alone would fit)"
+            if m.trains
+            else "NO (out of memory while building and while training)"
+        )
+    )
     lines = [
         head,
         f"  fits: {verdict} — training {z(m.total_bytes)}, construction {z(m.build_bytes)}, of "
@@ -232,21 +249,31 @@ def estimate_text(
     ]
     if m.reduce_transient_bytes:  # the reduction's flat gradient copy, after backward (docs/perfmodel.md)
         phase = "the peak" if m.reduce_transient_bytes > m.activation_bytes else "below backward's peak"
-        lines.append(f"  gradient reduction: +{z(m.reduce_transient_bytes)} flat copy of the gradients "
-                     f"in place of the activations ({phase})")  # fmt: skip
+        lines.append(
+            f"  gradient reduction: +{z(m.reduce_transient_bytes)} flat copy of the gradients "
+            f"in place of the activations ({phase})"
+        )
     lines.append(f"  largest micro-batch that fits: {pred.max_micro_batch}")
     if pred.fits:
         t = pred.step_time_s
-        parts = [("compute", pred.compute_s), ("MP comm", pred.mp_comm_s + pred.host_copy_s),
-                 ("DP comm", pred.dp_comm_s), ("optimizer", pred.optimizer_s),
-                 ("overhead", pred.overhead_s)]  # fmt: skip
-        lines.append(f"  predicted {pred.tflops_per_gpu:.3g} TFLOPS/{unit} (MFU {pred.mfu:.0%}), step {t:.3g} s: "
-                     + ", ".join(f"{k} {v / t:.0%}" for k, v in parts))  # fmt: skip
+        parts = [
+            ("compute", pred.compute_s),
+            ("MP comm", pred.mp_comm_s + pred.host_copy_s),
+            ("DP comm", pred.dp_comm_s),
+            ("optimizer", pred.optimizer_s),
+            ("overhead", pred.overhead_s),
+        ]
+        lines.append(
+            f"  predicted {pred.tflops_per_gpu:.3g} TFLOPS/{unit} (MFU {pred.mfu:.0%}), step {t:.3g} s: "
+            + ", ".join(f"{k} {v / t:.0%}" for k, v in parts)
+        )
         lines.append(f"  {band(hw.name, parallel.world_size, parallel.mp, parallel.stage).text()}")
         for label, impl in variants(implementation).items():  # the profile's fragile terms at their range
             alt = predict(model, parallel, precision, train, hw, None, cal, attention, impl)
-            lines.append(f"  sensitivity ({implementation}, assumed range): {label}: {alt.tflops_per_gpu:.3g} "
-                         f"TFLOPS/{unit}, step {alt.step_time_s:.3g} s")  # fmt: skip
+            lines.append(
+                f"  sensitivity ({implementation}, assumed range): {label}: {alt.tflops_per_gpu:.3g} "
+                f"TFLOPS/{unit}, step {alt.step_time_s:.3g} s"
+            )
     lines.append(f"  implementation profile: {implementation} ({get_implementation(implementation).source})")
     return "\n".join(lines)
 

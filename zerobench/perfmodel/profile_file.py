@@ -52,8 +52,15 @@ def find(name: str) -> Path | None:
 
 def to_dict(profile: HardwareProfile) -> dict:
     d = dataclasses.asdict(profile)
-    for name in ("gemm_table", "collectives", "collective_table", "sync_table", "mp_sync_table", "kernel_table",
-                 "host_probe"):  # fmt: skip
+    for name in (
+        "gemm_table",
+        "collectives",
+        "collective_table",
+        "sync_table",
+        "mp_sync_table",
+        "kernel_table",
+        "host_probe",
+    ):
         d[name] = [list(row) for row in getattr(profile, name)]  # JSON rows: lists, not tuples
     return d
 
@@ -89,8 +96,12 @@ def _kernel_row(where: str, row) -> list:
     name, size, fwd, bwd = row
     if name not in KERNELS:
         raise ConfigError(f"{where}.kernel={name!r}: must be one of {KERNELS}")
-    return [name, _number(f"{where}.size", size), _number(f"{where}.forward_s", fwd),
-            _number(f"{where}.backward_s", bwd, positive=False)]  # fmt: skip
+    return [
+        name,
+        _number(f"{where}.size", size),
+        _number(f"{where}.forward_s", fwd),
+        _number(f"{where}.backward_s", bwd, positive=False),
+    ]
 
 
 def _probe_row(where: str, row) -> list:

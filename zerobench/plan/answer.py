@@ -33,8 +33,10 @@ def shown(rows: list[dict], top: int) -> list[dict]:
 def heading(req: PlanRequest, rows: list[dict]) -> str:
     hw, m = req.profile, req.model
     batch = f"global batch {req.global_batch}" if req.global_batch else "one micro-batch a step"
-    return (f"{m.name} ({m.num_params / 1e9:.1f}B params, seq {m.seq}) on {req.gpus} x {hw.gpu} ({hw.name}), "
-            f"{req.precision}, {req.attention} attention, {batch}: {len(rows)} layouts fit")  # fmt: skip
+    return (
+        f"{m.name} ({m.num_params / 1e9:.1f}B params, seq {m.seq}) on {req.gpus} x {hw.gpu} ({hw.name}), "
+        f"{req.precision}, {req.attention} attention, {batch}: {len(rows)} layouts fit"
+    )
 
 
 def table(req: PlanRequest, rows: list[dict], top: list[dict]) -> str:

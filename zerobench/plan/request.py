@@ -59,8 +59,9 @@ class PlanRequest:
                 raise ConfigError(f"mp={self.mp}: must divide a node ({hw.gpus_per_node} GPUs of {hw.name})")
         if not self.mp_degrees():
             raise ConfigError(f"gpus={self.gpus}: no MP degree divides both it and a node of {hw.gpus_per_node}")
-        if self.global_batch is not None and not any(self.global_batch % (self.gpus // m) == 0
-                                                     for m in self.mp_degrees()):  # fmt: skip
+        if self.global_batch is not None and not any(
+            self.global_batch % (self.gpus // m) == 0 for m in self.mp_degrees()
+        ):
             dps = sorted({self.gpus // m for m in self.mp_degrees()})
             raise ConfigError(f"global_batch={self.global_batch}: must be a multiple of a DP degree {dps}")
 

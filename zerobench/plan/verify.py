@@ -45,9 +45,15 @@ def traced(req: PlanRequest, row: dict, tracer: Callable = trace_record) -> dict
     if record["status"] != "ok":
         return {**row, "checked": "traced", "traced_fits": False, "verify_error": record["error"]}
     peak = max(record["peak_allocated_bytes"], record["build_peak_bytes"])
-    return {**row, "checked": "traced", "memory_bytes": peak, "headroom_bytes": row["usable_bytes"] - peak,
-            "modelled_memory_bytes": row["memory_bytes"], "traced_peak_bytes": peak,
-            "traced_fits": peak <= row["usable_bytes"]}  # fmt: skip
+    return {
+        **row,
+        "checked": "traced",
+        "memory_bytes": peak,
+        "headroom_bytes": row["usable_bytes"] - peak,
+        "modelled_memory_bytes": row["memory_bytes"],
+        "traced_peak_bytes": peak,
+        "traced_fits": peak <= row["usable_bytes"],
+    }
 
 
 def emulated(req: PlanRequest, row: dict) -> dict:
@@ -57,11 +63,20 @@ def emulated(req: PlanRequest, row: dict) -> dict:
         return {**row, "checked": "emulated", "emulated_fits": False, "verify_error": record["error"]}
     record = complete(record, req.profile.name)
     peak = max(record["peak_reserved_bytes"], record["build_peak_bytes"])
-    return {**row, "checked": "emulated", "modelled_tokens_per_s": row["tokens_per_s"],
-            "tokens_per_s": record["tokens_per_s"], "tflops_per_gpu": record["tflops_per_gpu"],
-            "step_time_s": record["step_time_s"], "mfu": record["mfu"], "modelled_memory_bytes": row["memory_bytes"],
-            "memory_bytes": peak, "headroom_bytes": row["usable_bytes"] - peak, "emulated_fits": True,
-            "emulated_on": torch.cuda.get_device_name()}  # fmt: skip
+    return {
+        **row,
+        "checked": "emulated",
+        "modelled_tokens_per_s": row["tokens_per_s"],
+        "tokens_per_s": record["tokens_per_s"],
+        "tflops_per_gpu": record["tflops_per_gpu"],
+        "step_time_s": record["step_time_s"],
+        "mfu": record["mfu"],
+        "modelled_memory_bytes": row["memory_bytes"],
+        "memory_bytes": peak,
+        "headroom_bytes": row["usable_bytes"] - peak,
+        "emulated_fits": True,
+        "emulated_on": torch.cuda.get_device_name(),
+    }
 
 
 def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trace_record, progress=sys.stderr):
@@ -92,9 +107,12 @@ def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trac
         if not fits:
             dropped[row["layout"]] = row
             for alike in rows:
-                if (alike["rank"] == row["rank"] and alike["layout"] != row["layout"]
-                        and alike["memory_bytes"] >= candidate["memory_bytes"]
-                        and alike["usable_bytes"] <= row["usable_bytes"]):  # fmt: skip
+                if (
+                    alike["rank"] == row["rank"]
+                    and alike["layout"] != row["layout"]
+                    and alike["memory_bytes"] >= candidate["memory_bytes"]
+                    and alike["usable_bytes"] <= row["usable_bytes"]
+                ):
                     dropped[alike["layout"]] = {**alike, "dropped_as_alike_to": row["layout"]}
         if progress is not None:
             print(f"plan: {how}d {row['layout']}: {'fits' if fits else 'does not fit: dropped'}", file=progress)

@@ -48,8 +48,9 @@ def git_revision() -> str:
     if not (root / "pyproject.toml").is_file():
         return "unknown"
     try:
-        top = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True,
-                             text=True, timeout=5)  # fmt: skip
+        top = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=5
+        )
         if top.returncode or Path(top.stdout.strip()).resolve() != root:
             return "unknown"
         out = subprocess.run(

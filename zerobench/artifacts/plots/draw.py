@@ -35,14 +35,26 @@ def memory(df: pd.DataFrame, fig) -> None:
         line = sub.drop_duplicates("dp").sort_values("dp")
         ax.plot(line.dp, line.expected, "-", color=c, alpha=0.5, label=f"{STAGE_LABELS[stage]} formula")
         for source, s in sub.groupby("source"):
-            ax.scatter(s.dp, s.ours, color=c, marker=MARKERS[source], s=40, zorder=4,
-                       label=f"{STAGE_LABELS[stage]} {source} ({s.model.iloc[0]})")  # fmt: skip
+            ax.scatter(
+                s.dp,
+                s.ours,
+                color=c,
+                marker=MARKERS[source],
+                s=40,
+                zorder=4,
+                label=f"{STAGE_LABELS[stage]} {source} ({s.model.iloc[0]})",
+            )
         _paper_points(ax, sub.dp, sub.paper, "paper (Table 1, 7.5B)" if stage == 3 else None)
         meas = sub[(sub.source == "measured") & sub.rss_growth_bytes.notna()].sort_values("dp")
         if len(meas):
             ax2.plot(meas.dp, meas.model_state_bytes / 2**20, "--", color=c, alpha=0.6)
-            ax2.plot(meas.dp, meas.rss_growth_bytes / 2**20, "o-", color=c,
-                     label=f"{STAGE_LABELS[stage]} measured peak (model states dashed)")  # fmt: skip
+            ax2.plot(
+                meas.dp,
+                meas.rss_growth_bytes / 2**20,
+                "o-",
+                color=c,
+                label=f"{STAGE_LABELS[stage]} measured peak (model states dashed)",
+            )
     ax.set(xscale="log", yscale="log", xlabel="DP degree N_d", ylabel="model-state bytes per parameter per rank")
     ax.legend(fontsize=6, ncol=2)
     ax2.set(xscale="log", xlabel="DP degree N_d", ylabel="MiB per rank (CPU, peak RSS growth)")
@@ -88,12 +100,25 @@ def capacity(df: pd.DataFrame, fig) -> None:
     for stage, sub in trials.groupby("stage"):
         ok, oom = sub[sub.status == "ok"], sub[sub.status != "ok"]
         ax.scatter(ok.num_params / 1e6, [stage] * len(ok), color=COLORS[stage], label=f"{STAGE_LABELS[stage]} trains")
-        ax.scatter(oom.num_params / 1e6, [stage] * len(oom), color=COLORS[stage], marker="x", s=60,
-                   label=f"{STAGE_LABELS[stage]} over budget (oom)")  # fmt: skip
+        ax.scatter(
+            oom.num_params / 1e6,
+            [stage] * len(oom),
+            color=COLORS[stage],
+            marker="x",
+            s=60,
+            label=f"{STAGE_LABELS[stage]} over budget (oom)",
+        )
         ax2.scatter(sub.expected, sub.ours, color=COLORS[stage], label=STAGE_LABELS[stage])
     ax.scatter(largest.expected, largest.stage, marker="|", s=500, color="black", label="largest, measured (crossing)")
-    ax.scatter(largest.ours, largest.stage, marker="D", facecolors="none", edgecolors="red", s=70,
-               label="largest, calibrated model")  # fmt: skip
+    ax.scatter(
+        largest.ours,
+        largest.stage,
+        marker="D",
+        facecolors="none",
+        edgecolors="red",
+        s=70,
+        label="largest, calibrated model",
+    )
     ax.scatter(largest.formula, largest.stage, marker="|", s=500, color="gray", label="formula: model states only")
     cap = df.mem_cap_bytes.dropna().iloc[0] / 2**20
     ax.set_yticks(list(STAGE_LABELS), list(STAGE_LABELS.values()))

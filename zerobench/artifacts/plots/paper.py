@@ -32,8 +32,16 @@ def _size_b(key: str) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
-def bars(ax, df: pd.DataFrame, group: str, member: str, members: list | None = None, value: str = "ours",
-         colors: dict | None = None, **legend) -> None:  # fmt: skip
+def bars(
+    ax,
+    df: pd.DataFrame,
+    group: str,
+    member: str,
+    members: list | None = None,
+    value: str = "ours",
+    colors: dict | None = None,
+    **legend,
+) -> None:
     """Bars of `value` grouped by the column `group`, one colour per value of `member`, the paper's
     number over each bar, the status where we have none, and the sources in the legend."""
     groups = list(dict.fromkeys(df[group]))
@@ -144,8 +152,16 @@ def table1(df: pd.DataFrame, fig) -> None:
     for _, r in df.iterrows():
         i, j = rows.index(r.row), list(grid.columns).index(r.nd)
         text = f"{r.ours:.3g}\npaper {r.paper:g} · {letter.get(r.source, r.source)}"
-        ax.text(j, i, text, ha="center", va="center", fontsize=6.5, color="black",
-                bbox=dict(boxstyle="round,pad=0.15", fc="white", alpha=0.7, lw=0))  # fmt: skip
+        ax.text(
+            j,
+            i,
+            text,
+            ha="center",
+            va="center",
+            fontsize=6.5,
+            color="black",
+            bbox=dict(boxstyle="round,pad=0.15", fc="white", alpha=0.7, lw=0),
+        )
     ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns])
     ax.set_yticks(range(len(rows)), rows, fontsize=8)
     ax.set_xlabel("DP degree N_d   (cell: ours GB, paper's print; T traced by this engine, F the formula)")
@@ -167,8 +183,15 @@ def table2(df: pd.DataFrame, fig) -> None:
 def today(df: pd.DataFrame, fig) -> None:
     ax = fig.subplots()
     hw = list(dict.fromkeys(df.hardware))
-    bars(ax, df.assign(label=df.hardware + " (" + df.gpu + ")"), "experiment", "label",
-         [f"{h} ({df[df.hardware == h].gpu.iloc[0]})" for h in hw], loc="upper center", ncol=3)  # fmt: skip
+    bars(
+        ax,
+        df.assign(label=df.hardware + " (" + df.gpu + ")"),
+        "experiment",
+        "label",
+        [f"{h} ({df[df.hardware == h].gpu.iloc[0]})" for h in hw],
+        loc="upper center",
+        ncol=3,
+    )
     ax.set(yscale="log", ylabel="TFLOPS per GPU")
     ax.set_ylim(None, ax.get_ylim()[1] * 4)  # room for the legend
     ax.tick_params(axis="x", labelrotation=30)

@@ -23,18 +23,35 @@ def plot_plan(rows: list[dict] | pd.DataFrame, out, title: str = "") -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
     gb = df.memory_bytes / 1e9
     for stage, sub in df.groupby("stage"):
-        ax.scatter(sub.memory_bytes / 1e9, sub.tokens_per_s, s=14, alpha=0.6, color=COLORS[int(stage)],
-                   label=f"stage {int(stage)}: {STAGE_LABELS[int(stage)]}")  # fmt: skip
+        ax.scatter(
+            sub.memory_bytes / 1e9,
+            sub.tokens_per_s,
+            s=14,
+            alpha=0.6,
+            color=COLORS[int(stage)],
+            label=f"stage {int(stage)}: {STAGE_LABELS[int(stage)]}",
+        )
     front = df[df.frontier.astype(bool)].sort_values("memory_bytes")
     ax.step(front.memory_bytes / 1e9, front.tokens_per_s, where="post", color="black", lw=1, label="frontier")
     checked = df[df.checked != "modelled"]
     if len(checked):
-        ax.scatter(checked.memory_bytes / 1e9, checked.tokens_per_s, s=90, facecolors="none", edgecolors="red",
-                   label=f"top, {checked.checked.iloc[0]}")  # fmt: skip
+        ax.scatter(
+            checked.memory_bytes / 1e9,
+            checked.tokens_per_s,
+            s=90,
+            facecolors="none",
+            edgecolors="red",
+            label=f"top, {checked.checked.iloc[0]}",
+        )
     best = df.iloc[0]
     errorbar(ax, best.memory_bytes / 1e9, best.tokens_per_s, best.band_pct)
-    ax.annotate(f"1: {best.layout}", (best.memory_bytes / 1e9, best.tokens_per_s), fontsize=7,
-                xytext=(4, 6), textcoords="offset points")  # fmt: skip
+    ax.annotate(
+        f"1: {best.layout}",
+        (best.memory_bytes / 1e9, best.tokens_per_s),
+        fontsize=7,
+        xytext=(4, 6),
+        textcoords="offset points",
+    )
     ax.axvline(df.usable_bytes.max() / 1e9, color="gray", ls="--", lw=0.8, label="usable per GPU")
     ax.set_xlim(left=min(0.0, gb.min()))
     ax.set_xlabel("memory per GPU (GB; training or construction peak, the higher)")

@@ -62,8 +62,9 @@ def superlinear(df: pd.DataFrame, fig) -> None:
         ax.errorbar(sub.dp, sub.ours, yerr=spread, fmt="none", ecolor=c, capsize=3)
         _linear(ax, sub.dp.tolist(), sub.ours.tolist(), c, f"{STAGE_LABELS[stage]} perfect linear")
         for _, r in sub.iterrows():
-            ax.annotate(f"b={r.micro_batch:g}", (r.dp, r.ours), textcoords="offset points", xytext=(6, -10),
-                        fontsize=7, color=c)  # fmt: skip
+            ax.annotate(
+                f"b={r.micro_batch:g}", (r.dp, r.ours), textcoords="offset points", xytext=(6, -10), fontsize=7, color=c
+            )
         ax2.plot(sub.dp, sub.micro_batch, "-", marker="o", color=c, label=STAGE_LABELS[stage])
     cap = df.mem_cap_bytes.dropna()
     ax.set(xlabel="ranks (DP degree N_d)", ylabel="aggregate tokens/s (measured, CPU, gloo)")
@@ -92,27 +93,40 @@ def superlinear_emulated(df: pd.DataFrame, fig) -> None:
     ):
         sub = df[df.kind == kind].sort_values("dp")
         if len(sub):
-            ax.plot(sub.dp, sub.per_rank_ratio, label=label, **style)  # fmt: skip
+            ax.plot(sub.dp, sub.per_rank_ratio, label=label, **style)
     host = df[df.kind == "host"].set_index("dp")
     if 1 in host.index and 2 in host.index:  # the same micro-batch: per-rank speed is the steps' ratio
         ratio = host.step_time_s[1] / host.step_time_s[2]
-        ax.scatter([2], [ratio], marker="x", color="tab:red", s=60, zorder=5,
-                   label=f"measured, 2 ranks sharing this host (b={host.micro_batch[2]:g})")  # fmt: skip
+        ax.scatter(
+            [2],
+            [ratio],
+            marker="x",
+            color="tab:red",
+            s=60,
+            zorder=5,
+            label=f"measured, 2 ranks sharing this host (b={host.micro_batch[2]:g})",
+        )
     ax.axhline(1.0, ls=":", color="grey", lw=1.2, label="linear (flat per rank)")
     for r in emu.itertuples():
-        ax.annotate(f"b={r.micro_batch:g}", (r.dp, r.per_rank_ratio), textcoords="offset points", xytext=(5, 6),
-                    fontsize=7, color="tab:green")  # fmt: skip
+        ax.annotate(
+            f"b={r.micro_batch:g}",
+            (r.dp, r.per_rank_ratio),
+            textcoords="offset points",
+            xytext=(5, 6),
+            fontsize=7,
+            color="tab:green",
+        )
     ax.set(xlabel="ranks (N_d; paper: GPUs / 64)", ylabel="per-rank throughput / one-rank point")
     cap = emu.mem_cap_bytes.dropna()
-    ax.set_title(f"budget {cap.iloc[0] / 2**20:.0f} MiB of tensors per rank" if len(cap) else "", fontsize=8,
-                 loc="left")  # fmt: skip
+    ax.set_title(
+        f"budget {cap.iloc[0] / 2**20:.0f} MiB of tensors per rank" if len(cap) else "", fontsize=8, loc="left"
+    )
     ticks = sorted(set(emu.dp) | {1, 2, 4, 8})
     _log2_axis(ax, ticks)
     ax.legend(fontsize=7)
     x = range(len(emu))
     ax2.bar(x, emu.compute_s, color="tab:green", label="compute (measured)")
-    ax2.bar(x, emu.collective_stall_s, bottom=emu.compute_s, color="tab:orange",
-            label="collectives exposed (modelled)")  # fmt: skip
+    ax2.bar(x, emu.collective_stall_s, bottom=emu.compute_s, color="tab:orange", label="collectives exposed (modelled)")
     ax2.set_xticks(list(x), [f"N_d={d:g}\nb={b:g}" for d, b in zip(emu.dp, emu.micro_batch, strict=True)])
     ax2.set(ylabel="seconds per step (one rank)")
     ax2.legend(fontsize=7)
