@@ -19,6 +19,8 @@ from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.parallel.tensor_parallel import Split
 from zerobench.engine.zero.apply import apply_zero
+from zerobench.engine.zero.core import place_flat
+from zerobench.engine.zero.partition import FlatLayout
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.engine_memory import initial_draw_bytes
 from zerobench.perfmodel.feasibility import breakdown
@@ -146,3 +148,12 @@ def test_an_mp_slice_is_copied_from_the_full_tensor_padding_zero(full, parts, mp
     assert all(s.shape == (split.padded() // mp, 5) for s in slices)
     assert torch.equal(split.assemble(slices), t)
     assert sum(int((s == 0).all(dim=1).sum()) for s in slices) == split.padded() - full
+
+
+def test_more_initial_values_than_parameters_is_an_error():
+    """The placement takes exactly one value per parameter: a surplus is refused, not dropped."""
+    layout = FlatLayout([("a", (2,)), ("b", (3,))], nd=1, bucket_numel=8)
+    flat = place_flat(iter([torch.ones(2), torch.full((3,), 2.0)]), layout, torch.float32, "cpu")
+    assert flat.tolist() == [1, 1, 2, 2, 2]
+    with pytest.raises(ValueError, match="more initial values"):
+        place_flat(iter([torch.ones(2), torch.ones(3), torch.ones(1)]), layout, torch.float32, "cpu")
