@@ -5,7 +5,14 @@ from pathlib import Path
 
 from snakemake.utils import min_version
 
+from zerobench.sweeps import checkout_times
+
 min_version("9.19")
+
+# A clone dates each file by when git wrote it, so Snakemake would redo committed trials and plans:
+# date every file whose content is HEAD's as that commit, once per HEAD; an edited file stays newer
+# and what depends on it reruns (zerobench/sweeps/checkout_times.py).
+checkout_times.restore(Path(workflow.basedir))
 
 
 configfile: Path(workflow.basedir) / "workflows/config/config.yaml"

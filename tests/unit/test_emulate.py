@@ -2,6 +2,7 @@
 at any world size, every stage, with MP and ZeRO-R; its values stay finite and its fp16 steps are
 not skipped; its collectives are priced and placed (perfmodel/replay.py); bad input writes nothing."""
 
+import json
 import math
 from pathlib import Path
 
@@ -127,6 +128,17 @@ def test_bad_input_names_the_field_and_writes_nothing(tmp_path: Path, capsys, ar
     assert cli.main(["emulate", "--model", "tiny", "--steps", "1", *argv, "--out", str(out)]) == 2
     assert field in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_runs_from_any_folder(tmp_path: Path, monkeypatch):
+    """The calibrated CPU profile, which prices a CPU rank's collectives, is found by name from a
+    folder outside the project (its committed results/profiles), not only from the project's root."""
+    monkeypatch.delenv("ZEROBENCH_PROFILES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.json"
+    assert cli.main(["emulate", "--model", "tiny", "--dp", "4", "--stage", "2", "--steps", "1", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok", r["error"]
 
 
 def test_check_refuses_a_negative_rank():

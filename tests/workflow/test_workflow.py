@@ -67,6 +67,42 @@ def test_slurm_profile_dry_run_holds_world_size_gpus(tmp_path):
     assert "gpu=4" in text.replace(" ", "")
 
 
+HEAVY = ("run_trial", "trace_trial", "emulate_trial", "model_group", "run_interleaved", "peers", "calibrate", "plan",
+         "plan_validation")  # fmt: skip
+
+
+def _jobs(out: subprocess.CompletedProcess) -> dict[str, int]:
+    """A dry run's job counts by rule ({} when there is nothing to be done)."""
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    if "Nothing to be done" in text:
+        return {}
+    table = text[text.index("Job stats:") : text.index("\ntotal")].splitlines()[3:]
+    return {rule: int(count) for rule, count in (line.split() for line in table)}
+
+
+def test_a_fresh_clone_redoes_nothing_and_an_edit_reruns_what_reads_it(tmp_path):
+    """A clone dates its files by when git wrote them; the Snakefile dates them as their commit
+    (sweeps/checkout_times.py), so a fresh clone's reproduction runs nothing, and an edited input
+    reruns only the rules that read it. The clone holds the working tree as `git stash create` sees
+    it (HEAD in CI, a developer's edits included)."""
+    repo = tmp_path / "clone"
+    snapshot = subprocess.run(["git", "stash", "create"], cwd=ROOT, capture_output=True, text=True, check=True)
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(ROOT), str(repo)], check=True)
+    rev = snapshot.stdout.strip() or "HEAD"
+    subprocess.run(["git", "checkout", "-q", rev], cwd=repo, check=True)
+    dry = ("-n", "--workflow-profile", "workflows/profiles/local")
+    assert _jobs(snakemake(*dry, cwd=repo)) == {}
+    plans, runs = repo / "workflows/config/plans.yaml", repo / "zerobench/data/external_runs.csv"
+    for edited in (plans, runs):
+        edited.write_text(edited.read_text() + "\n")
+    jobs = _jobs(snakemake(*dry, cwd=repo))
+    requests = yaml.safe_load(plans.read_text())["requests"]
+    assert {rule: n for rule, n in jobs.items() if rule in HEAVY} == {"plan": len(requests), "plan_validation": 1}
+    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=repo, check=True)  # the edits undone
+    assert _jobs(snakemake(*dry, cwd=repo)) == {}
+
+
 def _copy_workflow(dst: Path) -> Path:
     dst.mkdir()
     for name in ("Snakefile", "workflows"):

@@ -87,7 +87,7 @@ def get_profile(name: str | HardwareProfile, gpus_per_node: int | None = None) -
     else:
         raise ConfigError(
             f"hardware={name!r}: unknown profile; choose one of {sorted(PROFILES)}, a calibrated profile's "
-            f"JSON path, or a name under {profile_file.profile_dir()}"
+            f"JSON path, or a name under {' or '.join(map(str, profile_file.search_dirs()))}"
         )
     if gpus_per_node is not None:
         if not isinstance(gpus_per_node, int) or gpus_per_node < 1:

@@ -37,14 +37,26 @@ KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "vocab_cross_en
            "copy", "embedding", "adam", "clip")  # fmt: skip
 
 
+# The project's own profiles (an editable install or a checkout): found by name from any folder.
+PROJECT_PROFILES = Path(__file__).resolve().parents[2] / "results" / "profiles"
+
+
 def profile_dir() -> Path:
-    """Where calibrated profiles are found by name: $ZEROBENCH_PROFILES, else results/profiles."""
+    """Where `zerobench calibrate --out NAME` writes: $ZEROBENCH_PROFILES, else results/profiles here."""
     return Path(os.environ.get("ZEROBENCH_PROFILES", "results/profiles"))
 
 
+def search_dirs() -> tuple[Path, ...]:
+    """Where a profile is found by name, first match wins: `profile_dir()` (a workflow's own folder),
+    then the project's committed profiles, so a name works from any working directory."""
+    if "ZEROBENCH_PROFILES" in os.environ:
+        return (profile_dir(),)
+    return (profile_dir(), PROJECT_PROFILES)
+
+
 def find(name: str) -> Path | None:
-    """The file of a calibrated profile given as a path or as a name in `profile_dir()`."""
-    for path in (Path(name), profile_dir() / f"{name}.json"):
+    """The file of a calibrated profile given as a path or as a name in `search_dirs()`."""
+    for path in (Path(name), *(folder / f"{name}.json" for folder in search_dirs())):
         if path.suffix == ".json" and path.is_file():
             return path
     return None
