@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import validate
 
-from zerobench.artifacts.registry import REGISTRY
+from zerobench.artifacts.tables.registry import REGISTRY
 from zerobench.sweeps import sheets
 
 validate(config, schema="schemas/config.schema.yaml")

@@ -34,7 +34,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from zerobench.artifacts.tables import build  # pandas and the artifact modules: not for a trial
+    from zerobench.artifacts.tables.tables import build  # pandas and the artifact modules: not for a trial
 
     build(args.artifact, args.records, args.sheet, args.profile).to_csv(args.out, index=False)
     return 0
@@ -48,7 +48,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from zerobench.artifacts.report import write_report  # pandas: not for a trial
+    from zerobench.artifacts.report.report import write_report  # pandas: not for a trial
 
     plans = (args.plan_sheet, args.plans, args.plan_validation) if args.plan_sheet else None
     write_report(args.sheets, args.tables, args.out, peers=args.peers, claims=args.claims, plans=plans)
@@ -56,7 +56,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_claims(args) -> int:
-    from zerobench.artifacts.claims import build  # pandas: not for a trial
+    from zerobench.artifacts.claims.claims import build  # pandas: not for a trial
 
     build(args.tables).to_csv(args.out, index=False)
     return 0

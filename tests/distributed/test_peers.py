@@ -13,7 +13,7 @@ import torch.distributed as dist
 from tests.engine_cases import reference_run, spec_for
 from tests.worlds import spawned
 from zerobench import cli
-from zerobench.artifacts import report
+from zerobench.artifacts.report import report
 from zerobench.engine.parallel.comms import Comms
 from zerobench.peers import harness, runner, summary
 from zerobench.peers.harness import CollectiveObserver, Unavailable, train_on_rank

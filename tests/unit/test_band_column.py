@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.artifacts import judged_bands
-from zerobench.artifacts.common import prediction
+from zerobench.artifacts.judging import judged_bands
+from zerobench.artifacts.judging.common import prediction
 from zerobench.perfmodel import error_bands as eb
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"

@@ -365,7 +365,7 @@ def test_op_count_of_the_model(monkeypatch):
 
 
 def test_model_vs_measured_rows_from_a_record():
-    from zerobench.artifacts.vs_measured import model_vs_measured
+    from zerobench.artifacts.tables.vs_measured import model_vs_measured
 
     record = dict(
         status="ok", model="tiny", layers=2, hidden=64, heads=4, seq=32, vocab=256, dp=2, mp=1, stage=1,
@@ -398,7 +398,7 @@ def test_model_vs_measured_rows_from_a_record():
 
 
 def test_model_vs_measured_judges_a_trials_step_on_the_median_of_its_runs():
-    from zerobench.artifacts.vs_measured import model_vs_measured
+    from zerobench.artifacts.tables.vs_measured import model_vs_measured
 
     record = TINY_STEP
     # three runs of one trial, the second in a slow spell, and a run of another micro-batch
@@ -425,7 +425,7 @@ def test_external_runs_file_is_cited_split_and_predictable():
 
 
 def test_largest_model_under_a_budget_counts_more_than_model_states():
-    from zerobench.artifacts.vs_measured import _configs, largest_under_budget, predicted_peak_bytes
+    from zerobench.artifacts.tables.vs_measured import _configs, largest_under_budget, predicted_peak_bytes
     from zerobench.perfmodel.feasibility import breakdown
 
     cap = 64 * 2**20

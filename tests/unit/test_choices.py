@@ -10,9 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.artifacts import choice_readings, claims, registry
-from zerobench.artifacts.claim_readers import cell
-from zerobench.artifacts.tables import record_paths
+from zerobench.artifacts.claims import claims
+from zerobench.artifacts.claims.claim_readers import cell
+from zerobench.artifacts.judging import choice_readings
+from zerobench.artifacts.tables import registry
+from zerobench.artifacts.tables.tables import record_paths
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
 from zerobench.perfmodel.implementation import PROFILES

@@ -2,7 +2,7 @@
 (no GPU): each row says it is emulated and is judged against the paper, whatever the ledger of model
 choices says of the modelled row of the same key; Fig 3 keeps the modelled line beside it."""
 
-from zerobench.artifacts import emulated_tables
+from zerobench.artifacts.tables import emulated_tables
 from zerobench.perfmodel.choices import fitted_rows
 from zerobench.sweeps import sheets
 from zerobench.sweeps.groups import model_trial

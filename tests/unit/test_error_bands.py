@@ -107,7 +107,7 @@ def test_a_wrong_model_moves_the_coverage():
 
 
 def test_the_coverage_sentence_tests_the_declared_coverage_or_says_too_few():
-    from zerobench.artifacts.heldout import MIN_COUNTED, at_most_p, coverage_text
+    from zerobench.artifacts.report.heldout import MIN_COUNTED, at_most_p, coverage_text
 
     assert MIN_COUNTED == 2 and at_most_p(0, 2) == pytest.approx(0.04) and at_most_p(13, 13) == pytest.approx(1.0)
     check = pd.DataFrame(dict(source="h", inside=[True] * 6 + [False] * 7))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts.gpu_section import gpu_section, summary
+from zerobench.artifacts.report.gpu_section import gpu_section, summary
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from zerobench.artifacts.common import judged
-from zerobench.artifacts.noisy_rows import mark_noisy
-from zerobench.artifacts.report import section, stats, verdict
+from zerobench.artifacts.judging.common import judged
+from zerobench.artifacts.judging.noisy_rows import mark_noisy
+from zerobench.artifacts.report.report import section, stats, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 SHEET = yaml.safe_load((ROOT / "workflows/config/sheets/model_vs_measured.yaml").read_text())

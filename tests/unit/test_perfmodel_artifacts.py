@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from zerobench.artifacts.in_process import ARTIFACTS, mape
+from zerobench.artifacts.tables.in_process import ARTIFACTS, mape
 from zerobench.fitting.batch_check import batch_check
 
 # Regression pins, not checks against the paper: each artifact's MAPE over its judged points as the

@@ -113,7 +113,7 @@ def _run(step: float, speed: float | None, **fields) -> dict:
 
 
 def test_model_vs_measured_sets_aside_slow_runs_and_normalizes_by_the_probe():
-    from zerobench.artifacts.vs_measured import model_vs_measured
+    from zerobench.artifacts.tables.vs_measured import model_vs_measured
 
     hw = dataclasses.replace(CPU, host_probe=CAL)
     runs = [_run(0.50, 1.0), _run(0.90, 0.5), _run(0.54, 0.9)]  # the second in a slow spell
@@ -140,8 +140,8 @@ def test_model_vs_measured_sets_aside_slow_runs_and_normalizes_by_the_probe():
 
 
 def test_a_slow_spell_row_cannot_move_the_verdict():
-    from zerobench.artifacts.host_speed import note
-    from zerobench.artifacts.report import stats, verdict
+    from zerobench.artifacts.judging.host_speed import note
+    from zerobench.artifacts.report.report import stats, verdict
 
     quiet = pd.DataFrame(dict(key=["a", "b"], role="judged", status="ok", error_pct=[4.0, -6.0], slow_spell=False,
                               host_speed_runs=["1 0.96 1.05", "0.9 -"]))  # fmt: skip
@@ -162,7 +162,7 @@ def test_a_slow_spell_row_cannot_move_the_verdict():
 
 
 def test_superlinear_pair_compared_at_the_sweeps_typical_speed():
-    from zerobench.artifacts.superlinear import seen, table
+    from zerobench.artifacts.tables.superlinear import seen, table
 
     base = dict(source="measured", status="ok", stage=0, mem_cap_bytes=1, num_params=1, rss_growth_bytes=1)
     # N_d=1 at 1000 tokens/s on a host at half the speed of N_d=2's, which runs 2000: linear as measured;

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from zerobench.artifacts import report
+from zerobench.artifacts.report import report
 
 SHEETS = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
 

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from zerobench.artifacts import judged_bands, report
-from zerobench.artifacts.common import mape
+from zerobench.artifacts.judging import judged_bands
+from zerobench.artifacts.judging.common import mape
+from zerobench.artifacts.report import report
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("table2", "fig2", "fig3", "fig5", "fig6", "fig7", "fig8")

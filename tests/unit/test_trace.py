@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from tests.engine_cases import spec_for
 from zerobench import memory
-from zerobench.artifacts.table1 import MODELS, printed, table1, traced_cells
+from zerobench.artifacts.tables.table1 import MODELS, printed, table1, traced_cells
 from zerobench.checks.table1_trace import traced_state_bytes
 from zerobench.engine.config import ParallelConfig, PrecisionConfig
 from zerobench.engine.model import GPT

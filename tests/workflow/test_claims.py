@@ -11,8 +11,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from zerobench.artifacts import claims as cl
-from zerobench.artifacts.claims import CLAIMS, PARTLY, REFUTED, REPRODUCED, UNTESTABLE, ledger, reference, verdict
+from zerobench.artifacts.claims import claims as cl
+from zerobench.artifacts.claims.claims import (
+    CLAIMS,
+    PARTLY,
+    REFUTED,
+    REPRODUCED,
+    UNTESTABLE,
+    ledger,
+    reference,
+    verdict,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ import yaml
 from test_workflow import snakemake
 
 from zerobench import cli
-from zerobench.artifacts import tables
+from zerobench.artifacts.tables import tables
 from zerobench.engine.config import PRESETS, ConfigError, PrecisionConfig
 from zerobench.perfmodel import get_profile
 from zerobench.perfmodel.constants import DEFAULT
@@ -288,7 +288,7 @@ def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
 def test_every_sheet_names_its_own_registry_entry():
     """An artifact is found from its sheet's name: the sheet's `table` is its name (a sheet of
     your own borrows `sweep`), and the schema allows exactly the registry's entries."""
-    from zerobench.artifacts.registry import REGISTRY, resolve
+    from zerobench.artifacts.tables.registry import REGISTRY, resolve
 
     with open(sheets.SCHEMA) as f:
         assert yaml.safe_load(f)["properties"]["table"]["enum"] == list(REGISTRY)

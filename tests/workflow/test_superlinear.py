@@ -1,4 +1,4 @@
-"""zerobench.artifacts.superlinear on hand-made records: the largest micro-batch that fits per stage and N_d,
+"""zerobench.artifacts.tables.superlinear on hand-made records: the largest micro-batch that fits per stage and N_d,
 the perfect-linear reference, the report's words for either outcome, and the figure."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from zerobench.artifacts import report, superlinear
 from zerobench.artifacts.plots.draw import plot
+from zerobench.artifacts.report import report
+from zerobench.artifacts.tables import superlinear
 
 MIB = 2**20
 

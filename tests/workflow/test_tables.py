@@ -1,13 +1,14 @@
-"""zerobench.artifacts.tables and zerobench.artifacts.report on hand-made records: the references, the errors and the
-verdicts the report prints (no processes, no torch)."""
+"""zerobench.artifacts.tables.tables and zerobench.artifacts.report.report on hand-made records: the
+references, the errors and the verdicts the report prints (no processes, no torch)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from zerobench.artifacts import report, tables
-from zerobench.artifacts.capacity import capacity
+from zerobench.artifacts.report import report
+from zerobench.artifacts.tables import tables
+from zerobench.artifacts.tables.capacity import capacity
 from zerobench.memory import BYTES_PER_PARAM
 
 PSI = 1000
@@ -156,7 +157,7 @@ def test_a_table_without_roles_or_with_an_unknown_role_is_refused():
 
 
 def test_roles_of_the_paper_tables():
-    from zerobench.artifacts import paper_tables
+    from zerobench.artifacts.tables import paper_tables
 
     def largest(layers, **fields):
         return dict(status="ok", num_params=layers * 1e9, layers=layers, hidden=8192, **fields)
@@ -192,7 +193,7 @@ def test_model_vs_measured_marks_the_rows_a_fitted_term_changes():
     # step beyond its curve (mp_sync_table) is fitted on the engine's MP steps, and reaches only MP rows
     from pathlib import Path
 
-    from zerobench.artifacts.vs_measured import model_vs_measured
+    from zerobench.artifacts.tables.vs_measured import model_vs_measured
     from zerobench.perfmodel.hardware import get_profile
     from zerobench.results import read_record
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts.table1 import MODELS, STAGES, Cell, markdown, table1
+from zerobench.artifacts.tables.table1 import MODELS, STAGES, Cell, markdown, table1
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.runtime.trace import trace_states
 from zerobench.trial import TrialSpec

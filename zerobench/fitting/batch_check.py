@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.artifacts.common import paper
-from zerobench.artifacts.paper_tables import _size
+from zerobench.artifacts.judging.common import paper
+from zerobench.artifacts.tables.paper_tables import _size
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.sweeps.groups import model_trial
 from zerobench.sweeps.sheets import load_sheet, sheet_trials

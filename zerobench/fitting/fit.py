@@ -13,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from zerobench.artifacts.in_process import ARTIFACTS
+from zerobench.artifacts.tables.in_process import ARTIFACTS
 from zerobench.fitting.external import load, validate
 from zerobench.perfmodel.constants import DEFAULT, FITTED, GEMM_EFF_MEASURED, Calibration
 from zerobench.perfmodel.hardware import GiB

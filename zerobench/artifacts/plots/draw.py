@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 
 from zerobench.artifacts.plots.bands import errorbar  # noqa: E402
 from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER  # noqa: E402
-from zerobench.artifacts.registry import entry, resolve  # noqa: E402
+from zerobench.artifacts.tables.registry import entry, resolve  # noqa: E402
 from zerobench.stages import STAGE_LABELS  # noqa: E402
 
 

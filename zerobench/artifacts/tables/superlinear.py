@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.artifacts.host_speed import run_speeds
+from zerobench.artifacts.judging.host_speed import run_speeds
 from zerobench.slow_spells import SLOW_SPELL, slow_spell
 from zerobench.stages import STAGE_LABELS
 

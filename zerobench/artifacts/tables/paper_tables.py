@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from zerobench.artifacts.common import memory_band, paper, prediction, row
+from zerobench.artifacts.judging.common import memory_band, paper, prediction, row
 from zerobench.engine.config import NOMINAL_BILLIONS
 from zerobench.memory import total_model_state_bytes
 from zerobench.perfmodel.hardware import GiB, get_profile

@@ -39,7 +39,7 @@ from statistics import median
 import numpy as np
 import pandas as pd
 
-from zerobench.artifacts.host_speed import timed_runs
+from zerobench.artifacts.judging.host_speed import timed_runs
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.feasibility import breakdown, max_layers

@@ -10,7 +10,7 @@ from statistics import median
 
 import pandas as pd
 
-from zerobench.artifacts.common import JUDGED
+from zerobench.artifacts.judging.common import JUDGED
 from zerobench.slow_spells import SLOW_SPELL, host_speed, slow_spell
 
 

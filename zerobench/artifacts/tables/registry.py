@@ -30,22 +30,24 @@ class Artifact:
     emulated: bool = False  # its judged rows are emulated ranks, not the performance model's
 
 
-_T, _PT = "zerobench.artifacts.tables:", "zerobench.artifacts.paper_tables:"
-_E = "zerobench.artifacts.emulated_tables:"
+_T, _PT = "zerobench.artifacts.tables.tables:", "zerobench.artifacts.tables.paper_tables:"
+_E = "zerobench.artifacts.tables.emulated_tables:"
 _D, _P, _S = "zerobench.artifacts.plots.draw:", "zerobench.artifacts.plots.paper:", "zerobench.artifacts.plots.scaling:"
 REGISTRY: dict[str, Artifact] = {
     "table1": Artifact(_T + "table1", _P + "table1", (13, 8)),
     "fig1": Artifact(_T + "memory", _D + "memory"),
     "comm_volume": Artifact(_T + "comm", _D + "comm", (8, 5)),
     "fig9_loss": Artifact(_T + "loss", _D + "loss"),
-    "capacity": Artifact("zerobench.artifacts.capacity:capacity", _D + "capacity", needs_profile=True),
-    "model_vs_measured": Artifact("zerobench.artifacts.vs_measured:model_vs_measured", None, None, needs_profile=True),
+    "capacity": Artifact("zerobench.artifacts.tables.capacity:capacity", _D + "capacity", needs_profile=True),
+    "model_vs_measured": Artifact(
+        "zerobench.artifacts.tables.vs_measured:model_vs_measured", None, None, needs_profile=True
+    ),
     "table2": Artifact(_PT + "table2", _P + "table2", joins_trials=True),
     "fig2": Artifact(_PT + "fig2", _P + "fig2", joins_trials=True),
     "fig3": Artifact(_PT + "fig3", _S + "fig3", joins_trials=True),
-    "superlinear": Artifact("zerobench.artifacts.superlinear:table", _S + "superlinear", joins_trials=True),
+    "superlinear": Artifact("zerobench.artifacts.tables.superlinear:table", _S + "superlinear", joins_trials=True),
     "superlinear_emulated": Artifact(
-        "zerobench.artifacts.superlinear_emulated:table",
+        "zerobench.artifacts.tables.superlinear_emulated:table",
         _S + "superlinear_emulated",
         joins_trials=True,
         needs_profile=True,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from zerobench.artifacts import vs_measured as vs
-from zerobench.artifacts.common import error_pct, memory_band, state_bytes
+from zerobench.artifacts.judging.common import error_pct, memory_band, state_bytes
+from zerobench.artifacts.tables import vs_measured as vs
 from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.stages import STAGE_LABELS

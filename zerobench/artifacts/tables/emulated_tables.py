@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.artifacts import paper_tables
-from zerobench.artifacts.common import JUDGED
+from zerobench.artifacts.judging.common import JUDGED
+from zerobench.artifacts.tables import paper_tables
 
 Pairs = list[tuple[dict, dict]]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from zerobench.artifacts.common import JUDGED
+from zerobench.artifacts.judging.common import JUDGED
 from zerobench.perfmodel.error_bands import carried
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from zerobench.artifacts.common import JUDGED
+from zerobench.artifacts.judging.common import JUDGED
 
 
 @dataclass(frozen=True)

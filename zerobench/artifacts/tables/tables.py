@@ -5,7 +5,7 @@ Every table has the columns the report reads: `key`, `source` (measured / traced
 paper's formula evaluated at our scale, where there is one), `error_pct` (against `paper` where
 present, else against `expected`) and `reference` (what the error is measured against). Paper
 numbers are references only. The paper's performance artifacts (table2, fig2, ...) are built by
-zerobench.artifacts.paper_tables from their records and sheets. No torch import.
+zerobench.artifacts.tables.paper_tables from their records and sheets. No torch import.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts import choice_readings, judged_bands, registry
-from zerobench.artifacts.common import error_pct, state_bytes
-from zerobench.artifacts.table1 import table1 as table1_cells
-from zerobench.artifacts.table1 import traced_build_cells, traced_cells
+from zerobench.artifacts.judging import choice_readings, judged_bands
+from zerobench.artifacts.judging.common import error_pct, state_bytes
+from zerobench.artifacts.tables import registry
+from zerobench.artifacts.tables.table1 import table1 as table1_cells
+from zerobench.artifacts.tables.table1 import traced_build_cells, traced_cells
 from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.results import load_paper_reference, read_record
@@ -118,7 +119,7 @@ def loss(records: list[dict]) -> pd.DataFrame:
 
 
 def table1(records: list[dict]) -> pd.DataFrame:
-    """Table 1 cell by cell (zerobench.artifacts.table1): the engine's traced bytes where a traced record
+    """Table 1 cell by cell (zerobench.artifacts.tables.table1): the engine's traced bytes where a traced record
     has the cell, else the formula's, beside the paper's printed cell; the traced construction peak
     beside it (`build_gb`)."""
     df = table1_cells(traced_cells(records), traced_build_cells(records))

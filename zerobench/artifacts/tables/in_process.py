@@ -3,7 +3,7 @@ modelled trials (workflows/config/sheets/<name>.yaml) predicted under a given ca
 the sheet's table (its entry in zerobench/artifacts/registry.py). The workflow does the same through records on disk;
 the calibration fit (fitting/fit.py) calls `ARTIFACTS[name](cal)` many times over.
 
-    python -m zerobench.artifacts.in_process OUTDIR   # every CSV + per-figure MAPE and worst error
+    python -m zerobench.artifacts.tables.in_process OUTDIR   # every CSV + per-figure MAPE and worst error
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts.common import mape
-from zerobench.artifacts.registry import REGISTRY, entry, resolve
+from zerobench.artifacts.judging.common import mape
+from zerobench.artifacts.tables.registry import REGISTRY, entry, resolve
 from zerobench.engine.config import ConfigError
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.sweeps.groups import model_trial

@@ -20,7 +20,7 @@ import dataclasses
 
 import pandas as pd
 
-from zerobench.artifacts.common import error_pct, paper
+from zerobench.artifacts.judging.common import error_pct, paper
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.predict import predict
 from zerobench.stages import STAGE_LABELS

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
-from zerobench.artifacts.common import JUDGED, error_pct
+from zerobench.artifacts.claims.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
+from zerobench.artifacts.judging.common import JUDGED, error_pct
 from zerobench.perfmodel.choices import reversible
 from zerobench.results import load_paper_reference
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from zerobench.artifacts import superlinear, superlinear_emulated
-from zerobench.artifacts.claims import section as claims_section
-from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
-from zerobench.artifacts.gpu_section import gpu_section
-from zerobench.artifacts.heldout import heldout_section
-from zerobench.artifacts.host_speed import note as host_note
-from zerobench.artifacts.judged_bands import counts as band_counts
-from zerobench.artifacts.judged_bands import headline, inside_of
-from zerobench.artifacts.noisy_rows import mark_noisy
-from zerobench.artifacts.plan_section import plan_section
+from zerobench.artifacts.claims.claims import section as claims_section
+from zerobench.artifacts.judging.common import JUDGED, ROLES, compared, judged
+from zerobench.artifacts.judging.host_speed import note as host_note
+from zerobench.artifacts.judging.judged_bands import counts as band_counts
+from zerobench.artifacts.judging.judged_bands import headline, inside_of
+from zerobench.artifacts.judging.noisy_rows import mark_noisy
+from zerobench.artifacts.report.gpu_section import gpu_section
+from zerobench.artifacts.report.heldout import heldout_section
+from zerobench.artifacts.report.plan_section import plan_section
+from zerobench.artifacts.tables import superlinear, superlinear_emulated
 from zerobench.peers.summary import peers_markdown
 
 MAX_ROWS = 40  # rows shown per artifact; the CSV has them all
