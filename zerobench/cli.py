@@ -34,7 +34,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from zerobench.artifacts.tables.tables import build  # pandas and the artifact modules: not for a trial
+    from zerobench.artifacts.tables.build import build  # pandas and the artifact modules: not for a trial
 
     build(args.artifact, args.records, args.sheet, args.profile).to_csv(args.out, index=False)
     return 0
@@ -249,7 +249,7 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--figure", help="PNG to write (step time and peak memory per stage)")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records -> one artifact's CSV")
-    table.add_argument("artifact", help="its entry in zerobench/artifacts/registry.py: a sheet's `table` (fig2, ...)")
+    table.add_argument("artifact", help="its entry in artifacts/tables/registry.py: a sheet's `table` (fig2, ...)")
     table.add_argument("records", nargs="*", help="record JSON files, or directories of them (a modelled group's)")
     table.add_argument("--sheet", help="the artifact's sheet (name or path): joins records to their trials")
     table.add_argument("--profile", help="the calibrated profile (JSON) the artifact's table predicts from")

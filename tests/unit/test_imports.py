@@ -4,8 +4,9 @@ Every module of zerobench is parsed (never imported), and every import counts, t
 functions too: an in-function import hides a cycle from Python, not from this test. The layers,
 top to bottom; a module may import its own layer and those below it:
 
-    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers, plan -> sources (one record per
-    source) -> perfmodel -> runtime (the harness that runs the engine) -> trial (a trial's vocabulary)
+    cli, checks, fitting -> artifacts (report -> claims -> plots -> tables -> judging) -> sweeps,
+    calibrate, peers, plan -> sources (one record per source) -> perfmodel -> runtime (the harness that
+    runs the engine) -> trial (a trial's vocabulary)
     -> the engine (engine.zero -> engine.parallel -> engine.config, model, compile)
     -> the ground floor (memory, flops, results, clock, gpus)
 
@@ -25,7 +26,11 @@ import zerobench
 ROOT = Path(zerobench.__file__).resolve().parent
 LAYERS = (
     ("cli", "cli_args", "checks", "fitting"),  # the seam and the tools that use everything below
-    ("artifacts",),
+    ("artifacts", "artifacts.report"),  # REPORT.md: every artifact's section, its verdict, the claims
+    ("artifacts.claims",),  # the paper's claims read from the tables
+    ("artifacts.plots",),  # a table drawn as its figure
+    ("artifacts.tables",),  # records -> each artifact's table, by the registry
+    ("artifacts.judging",),  # how a row is judged: its role, its band, its host's speed
     ("sweeps", "calibrate", "peers", "plan"),
     ("sources",),
     ("perfmodel",),
@@ -194,5 +199,5 @@ def test_a_module_in_no_layer_is_refused():
 
 def test_the_command_line_and_the_tables_load_without_torch():
     # `zerobench table|plot|report` and a time-limited run's parent never import torch
-    code = "import sys, zerobench.cli, zerobench.artifacts.tables.tables; sys.exit('torch' in sys.modules)"
+    code = "import sys, zerobench.cli, zerobench.artifacts.tables.build; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

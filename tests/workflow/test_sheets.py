@@ -16,7 +16,7 @@ import yaml
 from test_workflow import snakemake
 
 from zerobench import cli
-from zerobench.artifacts.tables import tables
+from zerobench.artifacts.tables.build import build
 from zerobench.engine.config import PRESETS, ConfigError, PrecisionConfig
 from zerobench.perfmodel import get_profile
 from zerobench.perfmodel.constants import DEFAULT
@@ -165,7 +165,7 @@ def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
     ])  # fmt: skip
     out = tmp_path / "runs"
     assert cli.main(["sweep", str(path), "--outdir", str(out)]) == 0
-    df = tables.build("sweep", [str(out)], str(path))
+    df = build("sweep", [str(out)], str(path))
     assert df.status.tolist() == ["ok", "infeasible", "oom"]
     assert "gpus=100" in df.error.iloc[1] and "GB usable" in df.error.iloc[2]
     assert df.ours.iloc[0] > 0 and df.ours.iloc[1:].isna().all()
@@ -200,7 +200,7 @@ def test_committed_paper_records_join_their_sheets():
     table from them gives the committed CSV's numbers."""
     for name in ("fig7", "table2"):
         dirs = sorted(str(p) for p in (ROOT / "results/runs").glob(f"{name}.g*"))
-        df = tables.build(name, dirs, name)
+        df = build(name, dirs, name)
         import pandas as pd
 
         committed = pd.read_csv(ROOT / f"results/{name}.csv")
@@ -287,15 +287,16 @@ def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
 
 def test_every_sheet_names_its_own_registry_entry():
     """An artifact is found from its sheet's name: the sheet's `table` is its name (a sheet of
-    your own borrows `sweep`), and the schema allows exactly the registry's entries."""
-    from zerobench.artifacts.tables.registry import REGISTRY, resolve
+    your own borrows `sweep`), the schema allows exactly the registry's entries, and each has its
+    figure (plots/draw.py), keyed the same."""
+    from zerobench.artifacts.plots.draw import FIGURES
+    from zerobench.artifacts.tables.registry import REGISTRY
 
     with open(sheets.SCHEMA) as f:
         assert yaml.safe_load(f)["properties"]["table"]["enum"] == list(REGISTRY)
     for path in sorted(sheets.SHEET_DIR.glob("*.yaml")):
         assert sheets.load_sheet(path)["table"] in (path.stem, "sweep"), path.name
-    for name, artifact in REGISTRY.items():
-        assert callable(resolve(artifact.table)) and (artifact.plot is None or callable(resolve(artifact.plot))), name
+    assert list(FIGURES) == list(REGISTRY)
 
 
 def test_an_interleaved_group_runs_round_by_round_forward_then_back():
@@ -357,6 +358,6 @@ def test_an_interleaved_sheet_runs_and_compares_each_round(tmp_path):
     assert cli.main(["sweep", str(path), "--group", "0", "--outdir", str(out), "--time-limit", "300"]) == 0
     records = sorted(out.glob("*.json"))
     assert len(records) == 4 and all(json.loads(p.read_text())["status"] == "ok" for p in records)
-    df = tables.build("superlinear", [str(out)], str(path))
+    df = build("superlinear", [str(out)], str(path))
     best = df[df.kind == "best"].set_index("dp")
     assert best.rounds[2] == 2 and best.vs_linear_low_pct[2] <= best.vs_linear_pct[2] <= best.vs_linear_high_pct[2]

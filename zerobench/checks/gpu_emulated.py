@@ -102,7 +102,7 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None, card
     trial whose memory cap is more than `card` leaves the allocator is not run (said why)."""
     # pandas and matplotlib: not for the trials' processes
     from zerobench.artifacts.plots.draw import plot
-    from zerobench.artifacts.tables.tables import build
+    from zerobench.artifacts.tables.build import build
 
     path = Path(name) if name.endswith(".yaml") else sheets.SHEET_DIR / f"{name}.yaml"
     spec, name = sheets.load_sheet(path), path.stem
