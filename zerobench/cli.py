@@ -10,7 +10,7 @@ import sys
 
 from zerobench import slow_spells
 from zerobench.cli_args import field_args, trial_args
-from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError, preset
+from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, preset
 from zerobench.perfmodel import estimate_text
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.answer import heading, shown, table, write_csv
@@ -21,6 +21,7 @@ from zerobench.runtime import allocator
 from zerobench.sources import infeasible, measured, modelled, traced
 from zerobench.sweeps.groups import sweep_args
 from zerobench.trial import configs
+from zerobench.trial.errors import REFUSED, InputError
 
 # the trial fields `zerobench plan` takes: the model, the machine and the model's assumptions
 PLAN_FIELDS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node", "precision",
@@ -144,7 +145,7 @@ def cmd_calibrate(args) -> int:
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
-        raise ConfigError(f"group_sizes={args.group_sizes!r}: every group size must be >= 2")
+        raise InputError(f"group_sizes={args.group_sizes!r}: every group size must be >= 2")
     calibrate(args.device, args.out, sizes, args.passes)
     return 0
 
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
             allocator.use(args.allocator)
         return args.fn(args)
-    except ConfigError as exc:
+    except REFUSED as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
         if args.command in ("run", "trace", "model") and args.out:
             write_record(infeasible.record(args.command, vars(args), exc), args.out)

@@ -24,6 +24,7 @@ from zerobench.perfmodel.feasibility import max_micro_batch
 from zerobench.perfmodel.paper_setups import zero_parallel
 from zerobench.sweeps import groups as sweep
 from zerobench.sweeps import sheets
+from zerobench.trial.errors import InputError
 from zerobench.trial.policy import largest_that_fits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_cases_over_base_times_grid_in_sheet_order():
 
 def test_unknown_field_fails_before_anything_runs_naming_it(tmp_path):
     path = _sheet(tmp_path, [dict(source="modelled", cases=[dict(model="gpt-8b", micro_bach=2)])])
-    with pytest.raises(ConfigError, match="case 0: unknown field 'micro_bach'"):
+    with pytest.raises(InputError, match="case 0: unknown field 'micro_bach'"):
         sheets.load_sheet(path)
     out = tmp_path / "out"
     assert cli.main(["sweep", str(path), "--outdir", str(out)]) == 2
@@ -152,7 +153,7 @@ def test_the_paper_bucket_is_named_once_and_resolved_before_the_trial_id():
     assert "-cb667.572021484375" in sheets.trial_id(trial)
     flags = sheets.trial_flags(trial)
     assert flags[flags.index("--bucket-mb") + 1] == "667.572021484375"
-    with pytest.raises(ConfigError, match="bucket_mb='papr'"):
+    with pytest.raises(InputError, match="bucket_mb='papr'"):
         sheets.expand_group(dict(group, base=dict(group["base"], bucket_mb="papr")))
 
 
@@ -316,7 +317,7 @@ def test_an_interleaved_group_runs_round_by_round_forward_then_back():
     ],
 )
 def test_a_bad_interleave_fails_naming_it(tmp_path, group, says):
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(InputError, match=says):
         sheets.load_sheet(_sheet(tmp_path, [dict(base=dict(model="tiny"), **group)]))
 
 

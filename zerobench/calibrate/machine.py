@@ -45,13 +45,13 @@ from zerobench.calibrate.kernel_bench import (
     timed,
 )
 from zerobench.clock import device_clock
-from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.parallel.topology import Group
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 from zerobench.runtime import probe
 from zerobench.runtime.devices import hardware_profile
+from zerobench.trial.errors import InputError
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
 # Calls per message size, and the time kept is their mean, not their median: a step pays every
@@ -208,11 +208,11 @@ def calibrate(
     """Run every microbenchmark on this machine; return (profile, raw samples). `passes`: sweeps
     of the linear grid and of the kernels (each row their median; 1 for a quick smoke profile)."""
     if device not in ("cpu", "cuda"):
-        raise ConfigError(f"device={device!r}: must be cpu or cuda")
+        raise InputError(f"device={device!r}: must be cpu or cuda")
     if not isinstance(passes, int) or passes < 1:
-        raise ConfigError(f"passes={passes!r}: must be an integer >= 1")
+        raise InputError(f"passes={passes!r}: must be an integer >= 1")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda': no CUDA device is visible")
+        raise InputError("device='cuda': no CUDA device is visible")
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the engine's compute dtypes
     if device == "cpu":  # per core, as the workflow runs its ranks: one intra-op thread each (Snakefile)
         torch.set_num_threads(1)

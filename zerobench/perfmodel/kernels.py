@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 
-from zerobench.engine.config import ConfigError, ModelConfig
+from zerobench.engine.config import ModelConfig
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.host_cost import host_excess
+from zerobench.trial.errors import InputError
 
 ATTENTION = ("materialized", "fused")
 ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/engine/model.py calls scaled_dot_product_attention
@@ -34,7 +35,7 @@ ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/engine/model.py ca
 def check_attention(attention: str) -> str:
 
     if attention not in ATTENTION:
-        raise ConfigError(f"attention={attention!r}: must be one of {ATTENTION}")
+        raise InputError(f"attention={attention!r}: must be one of {ATTENTION}")
     return attention
 
 

@@ -16,10 +16,10 @@ import pandas as pd
 
 from zerobench.artifacts.judging.common import mape
 from zerobench.artifacts.tables.registry import REGISTRY, entry
-from zerobench.engine.config import ConfigError
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.sweeps.groups import model_trial
 from zerobench.sweeps.sheets import load_sheet, sheet_trials
+from zerobench.trial.errors import REFUSED
 
 
 def modelled_table(name: str, cal: Calibration = DEFAULT) -> pd.DataFrame:
@@ -60,5 +60,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
-    except ConfigError as exc:
+    except REFUSED as exc:
         raise SystemExit(str(exc)) from exc
