@@ -16,7 +16,7 @@ from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.answer import heading, shown, table, write_csv
 from zerobench.plan.rank import rank
 from zerobench.plan.request import PlanRequest
-from zerobench.results import write_record
+from zerobench.record_files import write_record
 from zerobench.runtime import allocator
 from zerobench.sources import infeasible, measured, modelled, traced
 from zerobench.sweeps.groups import sweep_args
@@ -141,7 +141,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from zerobench.calibrate.machine import main as calibrate  # imports torch
+    from zerobench.microbench.machine import main as calibrate  # imports torch
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from tests.records import TINY_STEP
-from zerobench.calibrate import kernel_bench as calibrate_kernels
-from zerobench.calibrate import machine as calibrate
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.microbench import kernel_bench as calibrate_kernels
+from zerobench.microbench import machine as calibrate
 from zerobench.perfmodel import DEFAULT, compute, get_profile, network, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import gemm_rate, kernel_time
@@ -455,7 +455,7 @@ def test_largest_model_under_a_budget_counts_more_than_model_states():
 def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
     # three rounds of each shape: 14 MP all-reduces a step (tiny's 2 layers: 2 x 4 + 2 + 3, and the
     # gradient norm) taking 20, 50 (a slow spell) and 10 ms per step: the median, 20 ms, is kept
-    from zerobench.calibrate import engine_runs as calibrate_runs
+    from zerobench.microbench import engine_runs as calibrate_runs
 
     calls, ran, spent = 14, [], iter([0.02, 0.05, 0.01] * 3)
 

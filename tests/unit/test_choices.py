@@ -18,7 +18,7 @@ from zerobench.artifacts.tables.build import record_paths
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
 from zerobench.perfmodel.implementation import PROFILES
-from zerobench.results import read_record
+from zerobench.record_files import read_record
 from zerobench.sweeps import sheets
 from zerobench.trial.fields import IMPLEMENTATIONS
 

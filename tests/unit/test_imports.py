@@ -5,10 +5,10 @@ functions too: an in-function import hides a cycle from Python, not from this te
 top to bottom; a module may import its own layer and those below it:
 
     cli, checks, fitting -> artifacts (report -> claims -> plots -> tables -> judging) -> sweeps,
-    calibrate, peers, plan -> sources (one record per source) -> perfmodel -> runtime (the harness that
+    microbench, peers, plan -> sources (one record per source) -> perfmodel -> runtime (the harness that
     runs the engine) -> trial (a trial's vocabulary)
     -> the engine (engine.zero -> engine.parallel -> engine.config, model, compile)
-    -> the ground floor (memory, flops, results, clock, gpus)
+    -> the ground floor (memory, flops, record_files, paper_reference, clock, gpus)
 
 The engine (zerobench/engine/) is the paper's mechanism, readable alone: it imports itself and the
 ground floor only, nothing of the trial's vocabulary or of the harness that runs it.
@@ -31,7 +31,7 @@ LAYERS = (
     ("artifacts.plots",),  # a table drawn as its figure
     ("artifacts.tables",),  # records -> each artifact's table, by the registry
     ("artifacts.judging",),  # how a row is judged: its role, its band, its host's speed
-    ("sweeps", "calibrate", "peers", "plan"),
+    ("sweeps", "microbench", "peers", "plan"),
     ("sources",),
     ("perfmodel",),
     ("runtime",),
@@ -39,7 +39,16 @@ LAYERS = (
     ("engine.zero",),
     ("engine.parallel",),
     ("engine", "engine.config", "engine.model", "engine.compile"),
-    ("memory", "flops", "results", "clock", "gpus", "stages", "slow_spells"),  # the ground floor
+    (
+        "memory",
+        "flops",
+        "record_files",
+        "paper_reference",
+        "clock",
+        "gpus",
+        "stages",
+        "slow_spells",
+    ),  # the ground floor
 )
 ENGINE = LAYERS.index(("engine.zero",))
 GROUND = len(LAYERS) - 1

@@ -103,7 +103,7 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
     """The measured source's loop around the trial runner: each attempt a run; here a stand-in
     runner whose budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
-    from zerobench.results import read_record
+    from zerobench.record_files import read_record
     from zerobench.sources import measured
     from zerobench.trial import new_record
 
@@ -224,7 +224,7 @@ def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
 
 def test_measured_layout_that_cannot_exist_is_an_infeasible_row(tmp_path):
     """dp x mp != gpus on the engine: a record saying so, before any rank starts."""
-    from zerobench.results import read_record
+    from zerobench.record_files import read_record
 
     trial = dict(source="measured", model="tiny", gpus=3, mp=2, steps=1)
     out = tmp_path / "r.json"

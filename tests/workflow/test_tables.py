@@ -195,7 +195,7 @@ def test_model_vs_measured_marks_the_rows_a_fitted_term_changes():
 
     from zerobench.artifacts.tables.vs_measured import model_vs_measured
     from zerobench.perfmodel.hardware import get_profile
-    from zerobench.results import read_record
+    from zerobench.record_files import read_record
 
     root = Path(__file__).resolve().parents[2]
     hw = get_profile(str(root / "results/profiles/calibrated-cpu.json"))

@@ -21,7 +21,7 @@ import dataclasses
 
 from zerobench.gpus import peak_flops
 from zerobench.perfmodel import profile_file
-from zerobench.perfmodel.profile import GB, GiB, HardwareProfile
+from zerobench.perfmodel.hardware_profile import GB, GiB, HardwareProfile
 from zerobench.trial.errors import InputError
 
 __all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "get_profile"]

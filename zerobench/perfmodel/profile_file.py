@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from zerobench.perfmodel.profile import HardwareProfile
+from zerobench.perfmodel.hardware_profile import HardwareProfile
 from zerobench.trial.errors import InputError
 
 FORMAT = "zerobench-hardware-profile/2"  # /2: Adam and clip by size, in the kernel table

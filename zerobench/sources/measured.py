@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from zerobench import slow_spells
 from zerobench.perfmodel import profile_file
-from zerobench.results import read_record, write_record
+from zerobench.record_files import read_record, write_record
 from zerobench.runtime.procs import process_tree
 from zerobench.trial import TrialSpec, configs, mib, policy
 from zerobench.trial.errors import InputError

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from zerobench.perfmodel.constants import DEFAULT, Calibration
-from zerobench.results import write_record
+from zerobench.record_files import write_record
 from zerobench.sources import modelled
 from zerobench.sweeps import interleave, sheets
 from zerobench.trial import COLUMNS, new_record

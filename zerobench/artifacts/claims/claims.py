@@ -30,8 +30,8 @@ import pandas as pd
 
 from zerobench.artifacts.claims.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
 from zerobench.artifacts.judging.common import JUDGED, error_pct
+from zerobench.paper_reference import load_paper_reference
 from zerobench.perfmodel.choices import reversible
-from zerobench.results import load_paper_reference
 
 REPRODUCED, PARTLY, REFUTED, UNTESTABLE = "reproduced", "partly", "refuted", "not testable here"
 VERDICTS = (REPRODUCED, PARTLY, REFUTED, UNTESTABLE)

@@ -18,7 +18,7 @@ import pandas as pd
 from zerobench.artifacts.judging import choice_readings, judged_bands
 from zerobench.artifacts.tables.registry import entry
 from zerobench.perfmodel.hardware import get_profile
-from zerobench.results import read_record
+from zerobench.record_files import read_record
 from zerobench.sweeps import sheets
 
 

@@ -12,7 +12,7 @@ from zerobench.artifacts.judging.common import error_pct, state_bytes
 from zerobench.artifacts.tables.table1 import table1 as table1_cells
 from zerobench.artifacts.tables.table1 import traced_build_cells, traced_cells
 from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
-from zerobench.results import load_paper_reference
+from zerobench.paper_reference import load_paper_reference
 from zerobench.stages import STAGE_LABELS, rule
 
 TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters

@@ -24,7 +24,7 @@ from zerobench.engine.config import (
     PRESETS,
     ModelConfig,
 )
-from zerobench.results import load_paper_reference
+from zerobench.paper_reference import load_paper_reference
 from zerobench.stages import STAGE_LABELS
 
 GB = 1e9  # the paper's GB

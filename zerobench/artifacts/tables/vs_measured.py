@@ -9,7 +9,7 @@ collectives, optimizer) and the seconds the ledger measured in collectives per s
 is the measurement, `ours` the prediction, `error_pct` 100·(ours − expected)/expected.
 
 Terms of the profile fitted, not measured (FITTED_TERMS): `mp_sync_table`, what an MP all-reduce
-costs inside the engine's own MP steps beyond the model's collective curve (calibrate/engine_runs.py),
+costs inside the engine's own MP steps beyond the model's collective curve (microbench/engine_runs.py),
 a correction to the model's error taken from runs like the judged ones (at other shapes); and
 `runtime_bytes` / `checkpoint_runtime_bytes`, a tiny model's RSS growth over its first steps less
 its own tensors (calibrate's memory runs), fitted the same way for memory. Each row gives the
