@@ -1,6 +1,6 @@
 """The ledger of model choices (perfmodel/choices.py) is where every `fitted` label comes from: each
 choice the model can undo, reverted, moves exactly the rows the ledger names, and a claim read from
-such a row shows both readings (artifacts/claims.py)."""
+such a row shows both readings (artifacts/claims/claims.py)."""
 
 from __future__ import annotations
 

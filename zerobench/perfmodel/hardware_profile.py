@@ -50,7 +50,7 @@ class HardwareProfile:
     # ((MP group size, seconds of compute between two MP all-reduces, seconds each takes in a
     # training step beyond its measured curve), ...): the engine's own MP steps (microbench/engine_runs.py).
     # Fitted, not measured: the model's own error on those steps, so a prediction it changes is not
-    # judged (artifacts/vs_measured.py shows each row without it; docs/perfmodel.md, "Calibration")
+    # judged (artifacts/tables/vs_measured.py shows each row without it; docs/perfmodel.md, "Calibration")
     mp_sync_table: tuple = ()
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
     # Bytes never usable per device; None: the CUDA context and allocator reserve of constants.py.
