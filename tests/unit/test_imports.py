@@ -167,6 +167,14 @@ def test_the_engine_imports_nothing_of_the_tooling():
     assert outside == []
 
 
+def test_no_module_is_loaded_by_a_string_name():
+    # the import graph (and go-to-definition) sees every module only if each is imported by name:
+    # the artifacts' registry and the peers' table import theirs
+    loaders = ("import_module(", "__import__(", "spec_from_file_location(")
+    found = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if any(s in p.read_text() for s in loaders))
+    assert found == []
+
+
 def test_in_function_imports_say_why():
     # an import inside a function is there to keep something heavy (torch, pandas, matplotlib) out
     # of a light command; a comment on it or above its block says which

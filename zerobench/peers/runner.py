@@ -34,8 +34,10 @@ import platform
 import statistics
 
 from zerobench import slow_spells, trial
-from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, default_impls, family, measure, summarise
+from zerobench.peers import deepspeed_peer, ours, plain, torch_peers
+from zerobench.peers.harness import IMPLEMENTATIONS, default_impls, family, measure, summarise
 from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
+from zerobench.peers.workload import Unavailable
 from zerobench.runtime import probe
 from zerobench.trial.errors import InputError
 
@@ -61,10 +63,9 @@ _MEDIAN = (
 
 
 def _base_row(impl: str, spec) -> dict:
-    module, stage = IMPLEMENTATIONS[impl]
-    fam = family(impl)
+    fam, stage = IMPLEMENTATIONS[impl]
     vers = {**trial.versions(), **fam.versions()}
-    peer = {"ours": "zerobench", "torch_peers": "torch", "plain": "torch", "deepspeed_peer": "deepspeed"}[module]
+    peer = {ours: "zerobench", torch_peers: "torch", plain: "torch", deepspeed_peer: "deepspeed"}[fam]
     return {
         **dict.fromkeys(COLUMNS),
         "impl": impl,
