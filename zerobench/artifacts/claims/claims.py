@@ -333,7 +333,7 @@ def section(csv_path: str) -> str:
         "statement holds (e.g. superlinear: a per-GPU ratio above 1); **refuted**: neither; **not testable "
         "here**: a table, row or number is absent, or ours is read from a fitted point the model cannot read "
         "without its choice. A claim read from a row a choice was made on, where the model can undo the choice, "
-        "shows both readings and takes the worse. `band`: the band of the rows read (artifacts/judged_bands.py; "
-        f"a ratio's is the sum of its two). Verdicts: {counts}.",
+        "shows both readings and takes the worse. `band`: the band of the rows read "
+        f"(artifacts/judging/judged_bands.py; a ratio's is the sum of its two). Verdicts: {counts}.",
         "\n".join(lines),
     ])  # fmt: skip
