@@ -63,7 +63,7 @@ rule plot:
 
 
 rule claims:
-    """The paper's own claims, each read from the artifacts' tables (zerobench/artifacts/claims.py)."""
+    """The paper's own claims, each read from the artifacts' tables (zerobench/artifacts/claims/claims.py)."""
     input:
         expand("results/{artifact}.csv", artifact=SHEETS),
     output:

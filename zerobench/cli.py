@@ -10,17 +10,18 @@ import sys
 
 from zerobench import slow_spells
 from zerobench.cli_args import field_args, trial_args
-from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, ConfigError, preset
+from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, preset
 from zerobench.perfmodel import estimate_text
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.answer import heading, shown, table, write_csv
 from zerobench.plan.rank import rank
 from zerobench.plan.request import PlanRequest
-from zerobench.results import write_record
+from zerobench.record_files import write_record
 from zerobench.runtime import allocator
 from zerobench.sources import infeasible, measured, modelled, traced
 from zerobench.sweeps.groups import sweep_args
 from zerobench.trial import configs
+from zerobench.trial.errors import REFUSED, InputError
 
 # the trial fields `zerobench plan` takes: the model, the machine and the model's assumptions
 PLAN_FIELDS = ("model", "layers", "hidden", "heads", "seq", "vocab", "gpus", "hardware", "gpus_per_node", "precision",
@@ -34,7 +35,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_table(args) -> int:
-    from zerobench.artifacts.tables.tables import build  # pandas and the artifact modules: not for a trial
+    from zerobench.artifacts.tables.build import build  # pandas and the artifact modules: not for a trial
 
     build(args.artifact, args.records, args.sheet, args.profile).to_csv(args.out, index=False)
     return 0
@@ -140,11 +141,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from zerobench.calibrate.machine import main as calibrate  # imports torch
+    from zerobench.microbench.machine import main as calibrate  # imports torch
 
     sizes = tuple(int(n) for n in args.group_sizes.split(","))
     if any(n < 2 for n in sizes):
-        raise ConfigError(f"group_sizes={args.group_sizes!r}: every group size must be >= 2")
+        raise InputError(f"group_sizes={args.group_sizes!r}: every group size must be >= 2")
     calibrate(args.device, args.out, sizes, args.passes)
     return 0
 
@@ -249,7 +250,7 @@ def parser() -> argparse.ArgumentParser:
     peers.add_argument("--figure", help="PNG to write (step time and peak memory per stage)")
     peers.set_defaults(fn=cmd_peers)
     table = sub.add_parser("table", help="records -> one artifact's CSV")
-    table.add_argument("artifact", help="its entry in zerobench/artifacts/registry.py: a sheet's `table` (fig2, ...)")
+    table.add_argument("artifact", help="its entry in artifacts/tables/registry.py: a sheet's `table` (fig2, ...)")
     table.add_argument("records", nargs="*", help="record JSON files, or directories of them (a modelled group's)")
     table.add_argument("--sheet", help="the artifact's sheet (name or path): joins records to their trials")
     table.add_argument("--profile", help="the calibrated profile (JSON) the artifact's table predicts from")
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None and args.command in ("run", "calibrate"):  # the process itself, not a caller's
             allocator.use(args.allocator)
         return args.fn(args)
-    except ConfigError as exc:
+    except REFUSED as exc:
         print(f"zerobench {args.command}: invalid configuration: {exc}", file=sys.stderr)
         if args.command in ("run", "trace", "model") and args.out:
             write_record(infeasible.record(args.command, vars(args), exc), args.out)

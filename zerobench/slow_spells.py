@@ -1,7 +1,7 @@
 """The slow-spell rule, written once: how fast a host ran for a trial against a reference (two
 lists of host-probe readings, runtime/probe.py takes them), and when that is a slow spell.
 A shared host has slow spells of a minute or more; a run in one is set aside by the tables
-(artifacts/host_speed.py, artifacts/superlinear.py) and run again by `zerobench run`
+(artifacts/judging/host_speed.py, artifacts/tables/superlinear.py) and run again by `zerobench run`
 (`rerun_if_slow`). Torch-free.
 
 A reading is one row [GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s]; readings compare only
@@ -60,7 +60,7 @@ def rerun_if_slow(run: Callable[[object], dict], reference: Sequence, log=print)
     """`run` (a trial spec -> its record) that, when the record's host probe says the trial ran in
     a slow spell against `reference` (a profile's readings), runs it once more and keeps the second
     record, with the first's speed and step time under `slow_spell_rerun`. A second slow run is
-    kept as it is: the tables flag it (artifacts/host_speed.py)."""
+    kept as it is: the tables flag it (artifacts/judging/host_speed.py)."""
 
     def wrapped(spec) -> dict:
         record = run(spec)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.worlds import threaded
-from zerobench import results
+from zerobench import record_files
 from zerobench.checks import node_check
 from zerobench.checks.card import PEAK_RTOL, PEAK_SLACK_BYTES, Card
 from zerobench.engine.parallel import topology
@@ -89,8 +89,8 @@ def test_a_speed_trial_the_card_cannot_hold_is_skipped_and_a_rank_error_kept(mon
     """An 80 GB node: dp-6b at stage 0 (97 GB traced) is not run and says why; a rank that fails
     with any error (not only out of memory) is its row's status, so the node's JSON is written."""
     card = Card.parse("NVIDIA H100 80GB HBM3=85.5e9")
-    results.write_record({"status": "ok", "peak_allocated_bytes": 97.7e9}, tmp_path / "dp-6b-s0.json")
-    results.write_record({"status": "ok", "peak_allocated_bytes": 30e9}, tmp_path / "dp-6b-s3.json")
+    record_files.write_record({"status": "ok", "peak_allocated_bytes": 97.7e9}, tmp_path / "dp-6b-s0.json")
+    record_files.write_record({"status": "ok", "peak_allocated_bytes": 30e9}, tmp_path / "dp-6b-s3.json")
     monkeypatch.setattr(node_check, "measure", lambda spec, ctx, device: (_ for _ in ()).throw(RuntimeError("NCCL")))
     cpu = torch.device("cpu")
     row = node_check.speed(None, node_check.speed_values("dp-6b", 0, 8), tmp_path, 8, cpu, card)
@@ -137,7 +137,7 @@ def test_a_speed_row_puts_the_ledger_beside_the_model_and_the_trace(monkeypatch,
                 "hardware": "h200-141gb", "comm": comm}  # fmt: skip
 
     monkeypatch.setattr(node_check, "measure", measure)
-    results.write_record({"peak_allocated_bytes": 1.6e10}, tmp_path / "dp-6b-s3.json")
+    record_files.write_record({"peak_allocated_bytes": 1.6e10}, tmp_path / "dp-6b-s3.json")
     row = node_check.speed(None, node_check.speed_values("dp-6b", 3, 8), tmp_path, 8, torch.device("cpu"))
     (spec,) = seen
     assert (spec.parallel.dp, spec.parallel.stage, spec.train.steps, spec.train.compile) == (8, 3, 3, "off")

@@ -16,7 +16,8 @@ from zerobench import cli
 from zerobench.artifacts.report import report
 from zerobench.engine.parallel.comms import Comms
 from zerobench.peers import harness, runner, summary
-from zerobench.peers.harness import CollectiveObserver, Unavailable, train_on_rank
+from zerobench.peers.harness import CollectiveObserver, train_on_rank
+from zerobench.peers.workload import Unavailable
 
 TORCH_AND_OURS = ["ours-0", "ours-1", "ours-2", "ours-3", "ddp", "zero-redundancy-optimizer"]
 TORCH_AND_OURS += ["fsdp2-no-reshard", "fsdp2-reshard"]

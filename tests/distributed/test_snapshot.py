@@ -9,7 +9,7 @@ import torch
 
 from tests.engine_cases import spec_for
 from tests.worlds import spawned, threaded
-from zerobench import cli, results
+from zerobench import cli, record_files
 from zerobench.engine.config import preset
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
@@ -250,17 +250,17 @@ def test_cli_save_and_resume(tmp_path, capsys):
     lines = [line.split() for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
     assert [int(w[1]) for w in lines] == [0, 1, 2, 3, 4]
     logged = [float(w[3]) for w in lines[1:]]
-    assert logged == pytest.approx(results.read_record(tmp_path / "straight.json")["losses"], abs=1e-4)
+    assert logged == pytest.approx(record_files.read_record(tmp_path / "straight.json")["losses"], abs=1e-4)
     assert all(w[5] == "s/step" and w[7] == "tokens/s" and w[8:10] == ["peak", "RSS"] for w in lines)
     assert cli.main([*base, "--steps", "1", "--save", str(tmp_path / "ck"), "--out", str(tmp_path / "a.json")]) == 0
     assert snapshot.read_manifest(tmp_path / "ck")["step"] == 2  # warm-up + timed steps
     assert cli.main([*base, "--steps", "2", "--resume", str(tmp_path / "ck"), "--out", str(tmp_path / "b.json")]) == 0
-    straight, resumed = (results.read_record(tmp_path / f) for f in ("straight.json", "b.json"))
+    straight, resumed = (record_files.read_record(tmp_path / f) for f in ("straight.json", "b.json"))
     assert resumed["losses"] == straight["losses"][2:]
     # a damaged checkpoint is an error record naming the file
     (tmp_path / "ck" / "rank00000.pt").write_bytes(b"")
     assert cli.main([*base, "--resume", str(tmp_path / "ck"), "--out", str(tmp_path / "c.json")]) == 1
-    assert "rank00000.pt: 0 bytes" in results.read_record(tmp_path / "c.json")["error"]
+    assert "rank00000.pt: 0 bytes" in record_files.read_record(tmp_path / "c.json")["error"]
 
 
 # -- dp x mp and real gloo ------------------------------------------------------------------------

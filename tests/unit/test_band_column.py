@@ -1,5 +1,5 @@
 """One band column on a table's rows, one prediction counted once over the artifacts, and a role on
-every row of the external tables (artifacts/judged_bands.py, artifacts/common.py `prediction`,
+every row of the external tables (artifacts/judging/judged_bands.py, artifacts/judging/common.py `prediction`,
 fitting/external.py)."""
 
 from __future__ import annotations

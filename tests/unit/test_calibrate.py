@@ -10,15 +10,16 @@ import json
 import pytest
 
 from tests.records import TINY_STEP
-from zerobench.calibrate import kernel_bench as calibrate_kernels
-from zerobench.calibrate import machine as calibrate
-from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.microbench import kernel_bench as calibrate_kernels
+from zerobench.microbench import machine as calibrate
 from zerobench.perfmodel import DEFAULT, compute, get_profile, network, predict, profile_file
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import gemm_rate, kernel_time
 from zerobench.perfmodel.profile_file import KERNELS
 from zerobench.runtime.trace import trace_step
 from zerobench.trial import TrialSpec
+from zerobench.trial.errors import InputError
 
 FWD, BWD = 1e10, 2e10  # FLOP/s of every linear shape in the test profile, forward and backward
 CF, CB = 1e-9, 3e-9  # seconds per element (attention: per unit of b·heads·s²·d) of every named kernel
@@ -58,7 +59,7 @@ def test_profile_found_by_name(tmp_path, monkeypatch):
     assert get_profile("mybox") == CPU  # ... and by name in the profile directory
     assert calibrate.output_path("mybox") == tmp_path / "mybox.json"
     assert calibrate.output_path("out/x.json").name == "x.json"
-    with pytest.raises(ConfigError, match="hardware='nobox'"):
+    with pytest.raises(InputError, match="hardware='nobox'"):
         get_profile("nobox")
 
 
@@ -100,7 +101,7 @@ def test_bad_or_partial_profile_is_refused_naming_the_field(tmp_path, change, fi
     change(doc["profile"])
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(InputError, match=field):
         profile_file.load(path)
     assert not (tmp_path / "bad.json.tmp").exists()
 
@@ -108,10 +109,10 @@ def test_bad_or_partial_profile_is_refused_naming_the_field(tmp_path, change, fi
 def test_not_a_profile_file_is_refused(tmp_path):
     path = tmp_path / "x.json"
     path.write_text(json.dumps({"profile": {}}))
-    with pytest.raises(ConfigError, match="format"):
+    with pytest.raises(InputError, match="format"):
         profile_file.load(path)
     path.write_text("{not json")
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(InputError, match="cannot read"):
         profile_file.load(path)
 
 
@@ -256,7 +257,7 @@ def test_mp_all_reduces_wait_what_the_engine_steps_measured():
 
 
 def test_unknown_attention_is_refused():
-    with pytest.raises(ConfigError, match="attention"):
+    with pytest.raises(InputError, match="attention"):
         predict(
             ModelConfig(layers=2, hidden=64, heads=4),
             ParallelConfig(),
@@ -268,7 +269,7 @@ def test_unknown_attention_is_refused():
 
 
 def test_calibrate_refuses_a_bad_device():
-    with pytest.raises(ConfigError, match="device"):
+    with pytest.raises(InputError, match="device"):
         calibrate.calibrate("tpu")
 
 
@@ -454,7 +455,7 @@ def test_largest_model_under_a_budget_counts_more_than_model_states():
 def test_mp_step_benchmark_reads_the_engine_record(monkeypatch):
     # three rounds of each shape: 14 MP all-reduces a step (tiny's 2 layers: 2 x 4 + 2 + 3, and the
     # gradient norm) taking 20, 50 (a slow spell) and 10 ms per step: the median, 20 ms, is kept
-    from zerobench.calibrate import engine_runs as calibrate_runs
+    from zerobench.microbench import engine_runs as calibrate_runs
 
     calls, ran, spent = 14, [], iter([0.02, 0.05, 0.01] * 3)
 

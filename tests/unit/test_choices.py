@@ -1,6 +1,6 @@
 """The ledger of model choices (perfmodel/choices.py) is where every `fitted` label comes from: each
 choice the model can undo, reverted, moves exactly the rows the ledger names, and a claim read from
-such a row shows both readings (artifacts/claims.py)."""
+such a row shows both readings (artifacts/claims/claims.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from zerobench.artifacts.claims import claims
 from zerobench.artifacts.claims.claim_readers import cell
 from zerobench.artifacts.judging import choice_readings
 from zerobench.artifacts.tables import registry
-from zerobench.artifacts.tables.tables import record_paths
+from zerobench.artifacts.tables.build import record_paths
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
 from zerobench.perfmodel.implementation import PROFILES
-from zerobench.results import read_record
+from zerobench.record_files import read_record
 from zerobench.sweeps import sheets
 from zerobench.trial.fields import IMPLEMENTATIONS
 
@@ -45,7 +45,7 @@ def test_a_reverted_choice_moves_exactly_the_rows_the_ledger_names(choice, paper
     computed, are the ones the ledger names (`rows` and `carriers`), no more and no fewer."""
     got = set()
     for name, pairs in paper_pairs.items():
-        builder = registry.resolve(registry.entry(name).table)
+        builder = registry.entry(name).table
         got |= {(name, key) for key in choice_readings.moved(builder, pairs, dict(choice.without))}
     named = {row for row in choice.rows + choice.carriers if row[0] in PAPER}
     assert got == named

@@ -13,7 +13,6 @@ import torch
 from torch.optim.adam import adam as torch_adam
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from zerobench.calibrate import kernel_bench as calibrate_kernels
 from zerobench.checks import gpu_check
 from zerobench.cli import parser
 from zerobench.clock import device_clock
@@ -21,6 +20,7 @@ from zerobench.engine.config import ModelConfig, TrainConfig
 from zerobench.engine.model import GPT
 from zerobench.engine.zero import optimizer
 from zerobench.engine.zero.activations import CheckpointStore
+from zerobench.microbench import kernel_bench as calibrate_kernels
 from zerobench.perfmodel import model_record
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 from zerobench.runtime.devices import StepTimer

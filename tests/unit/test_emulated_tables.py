@@ -1,4 +1,4 @@
-"""The paper-scale emulated sheets' tables (artifacts/emulated_tables.py), from records made here
+"""The paper-scale emulated sheets' tables (artifacts/tables/emulated_tables.py), from records made here
 (no GPU): each row says it is emulated and is judged against the paper, whatever the ledger of model
 choices says of the modelled row of the same key; Fig 3 keeps the modelled line beside it."""
 

@@ -1,5 +1,5 @@
 """Config fuzzing: random CLI argument lists and random dataclass fields. Every input is either
-accepted as a configuration that obeys the rules, or refused with a ConfigError that names the
+accepted as a configuration that obeys the rules, or refused with an error that names the
 field — never another exception from deeper down (a TypeError, a ZeroDivisionError, torch)."""
 
 import math
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from zerobench import cli, trial
 from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.trial import TrialSpec
+from zerobench.trial.errors import REFUSED
 from zerobench.trial.fields import FIELDS as TRIAL_FIELDS
 
 EXAMPLES = 550  # per fuzzer; each must try at least MIN_TRIED, so a run fuzzes >= 1000 configurations
@@ -27,7 +28,7 @@ floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_fr
 weird = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.tuples(), st.tuples(floats), ints, floats)
 
 
-def _assert_named(exc: ConfigError) -> None:
+def _assert_named(exc: ValueError) -> None:
     m = FIELD.match(str(exc))
     assert m and m.group(1) in FIELDS, f"error does not start with a known field: {exc}"
     assert len(str(exc)) > len(m.group(0)) + 5, f"error states no rule: {exc}"
@@ -97,7 +98,7 @@ def _check_argv(args):
     try:
         model, parallel, precision, train = trial.configs(vars(parsed))
         TrialSpec(model, parallel, precision, train)
-    except ConfigError as exc:
+    except REFUSED as exc:  # the trial's fields (InputError) or the engine's configs (ConfigError)
         _assert_named(exc)
         return
     _assert_obeys_rules(model, parallel, precision, train)

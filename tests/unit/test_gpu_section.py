@@ -1,4 +1,4 @@
-"""REPORT.md's "On one H200" (zerobench/artifacts/gpu_section.py): built from results/gpu/h200 alone,
+"""REPORT.md's "On one H200" (zerobench/artifacts/report/gpu_section.py): built from results/gpu/h200 alone,
 its numbers the records' own."""
 
 from __future__ import annotations

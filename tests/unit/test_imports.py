@@ -4,10 +4,11 @@ Every module of zerobench is parsed (never imported), and every import counts, t
 functions too: an in-function import hides a cycle from Python, not from this test. The layers,
 top to bottom; a module may import its own layer and those below it:
 
-    cli, checks, fitting -> artifacts -> sweeps, calibrate, peers, plan -> sources (one record per
-    source) -> perfmodel -> runtime (the harness that runs the engine) -> trial (a trial's vocabulary)
+    cli, checks, fitting -> artifacts (report -> claims -> plots -> tables -> judging) -> sweeps,
+    microbench, peers, plan -> sources (one record per source) -> perfmodel -> runtime (the harness that
+    runs the engine) -> trial (a trial's vocabulary)
     -> the engine (engine.zero -> engine.parallel -> engine.config, model, compile)
-    -> the ground floor (memory, flops, results, clock, gpus)
+    -> the ground floor (memory, flops, record_files, paper_reference, clock, gpus)
 
 The engine (zerobench/engine/) is the paper's mechanism, readable alone: it imports itself and the
 ground floor only, nothing of the trial's vocabulary or of the harness that runs it.
@@ -25,8 +26,12 @@ import zerobench
 ROOT = Path(zerobench.__file__).resolve().parent
 LAYERS = (
     ("cli", "cli_args", "checks", "fitting"),  # the seam and the tools that use everything below
-    ("artifacts",),
-    ("sweeps", "calibrate", "peers", "plan"),
+    ("artifacts", "artifacts.report"),  # REPORT.md: every artifact's section, its verdict, the claims
+    ("artifacts.claims",),  # the paper's claims read from the tables
+    ("artifacts.plots",),  # a table drawn as its figure
+    ("artifacts.tables",),  # records -> each artifact's table, by the registry
+    ("artifacts.judging",),  # how a row is judged: its role, its band, its host's speed
+    ("sweeps", "microbench", "peers", "plan"),
     ("sources",),
     ("perfmodel",),
     ("runtime",),
@@ -34,7 +39,16 @@ LAYERS = (
     ("engine.zero",),
     ("engine.parallel",),
     ("engine", "engine.config", "engine.model", "engine.compile"),
-    ("memory", "flops", "results", "clock", "gpus", "stages", "slow_spells"),  # the ground floor
+    (
+        "memory",
+        "flops",
+        "record_files",
+        "paper_reference",
+        "clock",
+        "gpus",
+        "stages",
+        "slow_spells",
+    ),  # the ground floor
 )
 ENGINE = LAYERS.index(("engine.zero",))
 GROUND = len(LAYERS) - 1
@@ -153,6 +167,14 @@ def test_the_engine_imports_nothing_of_the_tooling():
     assert outside == []
 
 
+def test_no_module_is_loaded_by_a_string_name():
+    # the import graph (and go-to-definition) sees every module only if each is imported by name:
+    # the artifacts' registry and the peers' table import theirs
+    loaders = ("import_module(", "__import__(", "spec_from_file_location(")
+    found = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if any(s in p.read_text() for s in loaders))
+    assert found == []
+
+
 def test_in_function_imports_say_why():
     # an import inside a function is there to keep something heavy (torch, pandas, matplotlib) out
     # of a light command; a comment on it or above its block says which
@@ -194,5 +216,5 @@ def test_a_module_in_no_layer_is_refused():
 
 def test_the_command_line_and_the_tables_load_without_torch():
     # `zerobench table|plot|report` and a time-limited run's parent never import torch
-    code = "import sys, zerobench.cli, zerobench.artifacts.tables.tables; sys.exit('torch' in sys.modules)"
+    code = "import sys, zerobench.cli, zerobench.artifacts.tables.build; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,5 +1,5 @@
 """A measured row whose runs spread past the tolerance is judged all the same and named as noisy
-(artifacts/noisy_rows.py): no rule set with the errors in view leaves it out of the verdict."""
+(artifacts/judging/noisy_rows.py): no rule set with the errors in view leaves it out of the verdict."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from zerobench.engine.config import PRESETS, ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import PRESETS, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel import (
     DEFAULT,
@@ -26,6 +26,7 @@ from zerobench.perfmodel.compute import flops_per_gpu
 from zerobench.perfmodel.feasibility import breakdown, code_breakdown, max_micro_batch
 from zerobench.perfmodel.kernels import layer_gemms
 from zerobench.perfmodel.paper_setups import PAPER_PRECISION, zero_parallel
+from zerobench.trial.errors import InputError
 
 V100 = get_profile("v100-32gb-dgx2")
 FP16 = PrecisionConfig(mode="fp16", device="cuda")
@@ -170,14 +171,14 @@ def test_more_dp_never_more_model_state_memory_nor_smaller_batch():
 
 def test_refuses_layouts_that_cannot_exist():
     model = PRESETS["gpt-100b"]  # 64 heads
-    with pytest.raises(ConfigError, match="heads"):
+    with pytest.raises(InputError, match="heads"):
         odd = dataclasses.replace(model, heads=24, hidden=8184)
         predict(odd, ParallelConfig(dp=1, mp=16), FP16, TrainConfig(), "v100-32gb-dgx2")
-    with pytest.raises(ConfigError, match="gpus"):
+    with pytest.raises(InputError, match="gpus"):
         layout(100, 16)
-    with pytest.raises(ConfigError, match="mp"):
+    with pytest.raises(InputError, match="mp"):
         predict(model, ParallelConfig(dp=1, mp=32), FP16, TrainConfig(), "h100-80gb", gpus_per_node=12)
-    with pytest.raises(ConfigError, match="hardware"):
+    with pytest.raises(InputError, match="hardware"):
         get_profile("tpu-v9")
     rec = model_record(dataclasses.replace(model, heads=24, hidden=8184), ParallelConfig(dp=2, mp=16), FP16,
                        TrainConfig(), "v100-32gb-dgx2")  # fmt: skip

@@ -1,5 +1,5 @@
 """The regenerated artifacts: the targets on each figure's judged points (fitted, formula and
-derived rows never count: artifacts/common.py), regression pins on today's errors, the shapes the
+derived rows never count: artifacts/judging/common.py), regression pins on today's errors, the shapes the
 paper shows, and the run time. Targets the model does not reach are strict xfails with the reason
 (docs/perfmodel.md explains each)."""
 

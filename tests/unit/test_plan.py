@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from zerobench.cli import main
-from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, TrainConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, TrainConfig
 from zerobench.perfmodel.hardware import PROFILES
 from zerobench.perfmodel.paper_setups import PAPER_BUCKET
 from zerobench.perfmodel.predict import predict
@@ -16,6 +16,7 @@ from zerobench.plan.answer import shown
 from zerobench.plan.rank import ACTIVATIONS, micro_batches, rank
 from zerobench.plan.request import PlanRequest
 from zerobench.stages import STAGES
+from zerobench.trial.errors import InputError
 
 SMALL = ModelConfig(layers=8, hidden=2048, heads=16, seq=1024, name="small")  # 0.45B
 # a card of 12 GB, nothing reserved: small enough that stages and micro-batches are cut by memory
@@ -103,13 +104,13 @@ def test_micro_batches_without_and_with_a_global_batch():
     ],
 )
 def test_a_bad_request_names_its_field(changes, field):
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(InputError, match=field):
         PlanRequest(**{"model": SMALL, "gpus": 8, "hardware": "a100-80gb", **changes})
 
 
 def test_no_layout_that_fits_names_the_gpus():
     huge = ModelConfig(layers=64, hidden=8192, heads=64, name="huge")
-    with pytest.raises(ConfigError, match=r"gpus=4: no layout of huge .* fits"):
+    with pytest.raises(InputError, match=r"gpus=4: no layout of huge .* fits"):
         rank(PlanRequest(huge, 4, CARD), progress=None)
 
 

@@ -17,10 +17,10 @@ from tests.engine_cases import spec_for
 from tests.records import TINY_STEP
 from tests.unit.test_calibrate import CPU
 from zerobench import slow_spells
-from zerobench.engine.config import ConfigError
 from zerobench.engine.parallel import topology
 from zerobench.perfmodel import profile_file
 from zerobench.runtime import probe, train
+from zerobench.trial.errors import InputError
 
 S = 2**25  # copy bytes of every hand-made reading
 CAL = ((512, S, 100e9, 5e9), (512, S, 100e9, 5e9))  # the calibration's readings: 100 GFLOP/s, 5 GB/s
@@ -100,9 +100,9 @@ def test_profile_keeps_the_calibrations_probe_and_refuses_a_bad_one(tmp_path):
     path = profile_file.save(hw, tmp_path / "p.json")
     assert profile_file.load(path).host_probe == CAL
     d = profile_file.to_dict(hw)
-    with pytest.raises(ConfigError, match=r"host_probe\[1\].gemm_flops_per_s"):
+    with pytest.raises(InputError, match=r"host_probe\[1\].gemm_flops_per_s"):
         profile_file.from_dict({**d, "host_probe": [list(CAL[0]), [512, S, -1.0, 5e9]]})
-    with pytest.raises(ConfigError, match=r"host_probe\[0\].gemm_n"):
+    with pytest.raises(InputError, match=r"host_probe\[0\].gemm_n"):
         profile_file.from_dict({**d, "host_probe": [[0, S, 1e9, 5e9]]})
 
 

@@ -1,4 +1,4 @@
-"""The traced step (zerobench/runtime/trace.py) and Table 1 from three routes (zerobench/artifacts/table1.py)."""
+"""The traced step (zerobench/runtime/trace.py) and Table 1 from three routes (zerobench/artifacts/tables/table1.py)."""
 
 from decimal import Decimal
 

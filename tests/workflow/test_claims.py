@@ -1,4 +1,4 @@
-"""The claims ledger (zerobench/artifacts/claims.py): each claim's ours computed from hand-made
+"""The claims ledger (zerobench/artifacts/claims/claims.py): each claim's ours computed from hand-made
 tables and checked against hand arithmetic, verdicts that flip past the tolerance, absent tables
 that read "not testable here", fitted points that cannot read reproduced, and the committed
 results/claims.csv equal to the ledger built from the committed tables."""
@@ -37,7 +37,7 @@ def _rows(*rows, source="modelled") -> pd.DataFrame:
 
 
 def _fig2() -> pd.DataFrame:
-    """ZeRO and baseline TFLOPS by size; speed-ups derived, as artifacts/paper_tables.py writes them."""
+    """ZeRO and baseline TFLOPS by size; speed-ups derived, as artifacts/tables/paper_tables.py writes them."""
     pts = {"1.5B": (30.0, 25.0, "judged"), "8B": (40.0, 20.0, "fitted"), "40B": (36.0, 6.0, "judged"),
            "60B": (36.0, 4.0, "judged"), "80B": (38.0, 5.0, "judged"), "100B": (39.0, 3.0, "fitted")}  # fmt: skip
     rows = []

@@ -114,3 +114,8 @@ def test_a_number_the_figure_does_not_show_is_caught(tmp_path, monkeypatch):
     changed = fig2.assign(ours=fig2.ours.where(fig2.key != "speed-up 8B", fig2.ours + 0.2))
     assert len(_not_shown(changed, _figure(monkeypatch, tmp_path, "fig2"))) == 1
     plt.close("all")
+
+
+def test_a_name_with_no_figure_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="plot 'fig4': choose one of"):
+        plot("fig4", tmp_path / "fig4.csv", tmp_path / "fig4.png")

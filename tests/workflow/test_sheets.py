@@ -16,7 +16,7 @@ import yaml
 from test_workflow import snakemake
 
 from zerobench import cli
-from zerobench.artifacts.tables import tables
+from zerobench.artifacts.tables.build import build
 from zerobench.engine.config import PRESETS, ConfigError, PrecisionConfig
 from zerobench.perfmodel import get_profile
 from zerobench.perfmodel.constants import DEFAULT
@@ -24,6 +24,7 @@ from zerobench.perfmodel.feasibility import max_micro_batch
 from zerobench.perfmodel.paper_setups import zero_parallel
 from zerobench.sweeps import groups as sweep
 from zerobench.sweeps import sheets
+from zerobench.trial.errors import InputError
 from zerobench.trial.policy import largest_that_fits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_cases_over_base_times_grid_in_sheet_order():
 
 def test_unknown_field_fails_before_anything_runs_naming_it(tmp_path):
     path = _sheet(tmp_path, [dict(source="modelled", cases=[dict(model="gpt-8b", micro_bach=2)])])
-    with pytest.raises(ConfigError, match="case 0: unknown field 'micro_bach'"):
+    with pytest.raises(InputError, match="case 0: unknown field 'micro_bach'"):
         sheets.load_sheet(path)
     out = tmp_path / "out"
     assert cli.main(["sweep", str(path), "--outdir", str(out)]) == 2
@@ -102,7 +103,7 @@ def test_modelled_policy_runs_the_listed_batch_capped_at_what_fits():
 def test_measured_run_steps_down_on_oom_and_records_what_ran(tmp_path, monkeypatch):
     """The measured source's loop around the trial runner: each attempt a run; here a stand-in
     runner whose budget holds 5 sequences (a real measured step-down is the engine's oom status)."""
-    from zerobench.results import read_record
+    from zerobench.record_files import read_record
     from zerobench.sources import measured
     from zerobench.trial import new_record
 
@@ -152,7 +153,7 @@ def test_the_paper_bucket_is_named_once_and_resolved_before_the_trial_id():
     assert "-cb667.572021484375" in sheets.trial_id(trial)
     flags = sheets.trial_flags(trial)
     assert flags[flags.index("--bucket-mb") + 1] == "667.572021484375"
-    with pytest.raises(ConfigError, match="bucket_mb='papr'"):
+    with pytest.raises(InputError, match="bucket_mb='papr'"):
         sheets.expand_group(dict(group, base=dict(group["base"], bucket_mb="papr")))
 
 
@@ -165,7 +166,7 @@ def test_sweep_goes_on_past_infeasible_and_oom_trials(tmp_path):
     ])  # fmt: skip
     out = tmp_path / "runs"
     assert cli.main(["sweep", str(path), "--outdir", str(out)]) == 0
-    df = tables.build("sweep", [str(out)], str(path))
+    df = build("sweep", [str(out)], str(path))
     assert df.status.tolist() == ["ok", "infeasible", "oom"]
     assert "gpus=100" in df.error.iloc[1] and "GB usable" in df.error.iloc[2]
     assert df.ours.iloc[0] > 0 and df.ours.iloc[1:].isna().all()
@@ -200,7 +201,7 @@ def test_committed_paper_records_join_their_sheets():
     table from them gives the committed CSV's numbers."""
     for name in ("fig7", "table2"):
         dirs = sorted(str(p) for p in (ROOT / "results/runs").glob(f"{name}.g*"))
-        df = tables.build(name, dirs, name)
+        df = build(name, dirs, name)
         import pandas as pd
 
         committed = pd.read_csv(ROOT / f"results/{name}.csv")
@@ -223,7 +224,7 @@ def test_a_time_limited_attempt_runs_its_own_size_without_a_search():
 
 def test_measured_layout_that_cannot_exist_is_an_infeasible_row(tmp_path):
     """dp x mp != gpus on the engine: a record saying so, before any rank starts."""
-    from zerobench.results import read_record
+    from zerobench.record_files import read_record
 
     trial = dict(source="measured", model="tiny", gpus=3, mp=2, steps=1)
     out = tmp_path / "r.json"
@@ -287,15 +288,16 @@ def test_a_field_added_to_the_table_reaches_flags_sheets_ids_and_configs():
 
 def test_every_sheet_names_its_own_registry_entry():
     """An artifact is found from its sheet's name: the sheet's `table` is its name (a sheet of
-    your own borrows `sweep`), and the schema allows exactly the registry's entries."""
-    from zerobench.artifacts.tables.registry import REGISTRY, resolve
+    your own borrows `sweep`), the schema allows exactly the registry's entries, and each has its
+    figure (plots/draw.py), keyed the same."""
+    from zerobench.artifacts.plots.draw import FIGURES
+    from zerobench.artifacts.tables.registry import REGISTRY
 
     with open(sheets.SCHEMA) as f:
         assert yaml.safe_load(f)["properties"]["table"]["enum"] == list(REGISTRY)
     for path in sorted(sheets.SHEET_DIR.glob("*.yaml")):
         assert sheets.load_sheet(path)["table"] in (path.stem, "sweep"), path.name
-    for name, artifact in REGISTRY.items():
-        assert callable(resolve(artifact.table)) and (artifact.plot is None or callable(resolve(artifact.plot))), name
+    assert list(FIGURES) == list(REGISTRY)
 
 
 def test_an_interleaved_group_runs_round_by_round_forward_then_back():
@@ -315,7 +317,7 @@ def test_an_interleaved_group_runs_round_by_round_forward_then_back():
     ],
 )
 def test_a_bad_interleave_fails_naming_it(tmp_path, group, says):
-    with pytest.raises(ConfigError, match=says):
+    with pytest.raises(InputError, match=says):
         sheets.load_sheet(_sheet(tmp_path, [dict(base=dict(model="tiny"), **group)]))
 
 
@@ -357,6 +359,6 @@ def test_an_interleaved_sheet_runs_and_compares_each_round(tmp_path):
     assert cli.main(["sweep", str(path), "--group", "0", "--outdir", str(out), "--time-limit", "300"]) == 0
     records = sorted(out.glob("*.json"))
     assert len(records) == 4 and all(json.loads(p.read_text())["status"] == "ok" for p in records)
-    df = tables.build("superlinear", [str(out)], str(path))
+    df = build("superlinear", [str(out)], str(path))
     best = df[df.kind == "best"].set_index("dp")
     assert best.rounds[2] == 2 and best.vs_linear_low_pct[2] <= best.vs_linear_pct[2] <= best.vs_linear_high_pct[2]

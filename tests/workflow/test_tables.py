@@ -1,4 +1,4 @@
-"""zerobench.artifacts.tables.tables and zerobench.artifacts.report.report on hand-made records: the
+"""zerobench.artifacts.tables.engine_tables and zerobench.artifacts.report.report on hand-made records: the
 references, the errors and the verdicts the report prints (no processes, no torch)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from zerobench.artifacts.report import report
-from zerobench.artifacts.tables import tables
+from zerobench.artifacts.tables import engine_tables
 from zerobench.artifacts.tables.capacity import capacity
 from zerobench.memory import BYTES_PER_PARAM
 
@@ -25,7 +25,7 @@ def record(stage: int, dp: int, precision: str = "bf16", **fields) -> dict:
 
 
 def test_memory_rows_compare_with_table1_and_formula():
-    df = tables.memory([record(s, dp) for s in range(4) for dp in (1, 4)])
+    df = engine_tables.memory([record(s, dp) for s in range(4) for dp in (1, 4)])
     # bytes per parameter at N_d = 4, by hand: 2 + 2 + 12, 2 + 2 + 12/4, 2 + 2/4 + 12/4, 16/4
     at4 = df[df.dp == 4].set_index("stage")
     assert at4.expected.tolist() == [16, 7, 5.5, 4] and at4.ours.tolist() == [16, 7, 5.5, 4]
@@ -40,7 +40,7 @@ def test_memory_rows_compare_with_table1_and_formula():
 
 def test_memory_error_shows_a_wrong_engine():
     bad = record(1, 4, optimizer_bytes=12 * PSI / 2)  # optimizer shards over 2 ranks instead of 4
-    assert tables.memory([bad]).error_pct.iloc[0] == pytest.approx(100 * (4 + 6 - 7) / 7)
+    assert engine_tables.memory([bad]).error_pct.iloc[0] == pytest.approx(100 * (4 + 6 - 7) / 7)
 
 
 def test_comm_in_units_of_the_ring_factor():
@@ -50,14 +50,14 @@ def test_comm_in_units_of_the_ring_factor():
                                 "all_reduce/mp": {"per_step_volume_elements": 9 * unit}})  # fmt: skip
     stage3 = record(3, 4, comm={"all_gather/dp": {"per_step_volume_elements": 2 * unit},
                                 "reduce_scatter/dp": {"per_step_volume_elements": 1.5 * unit}})  # fmt: skip
-    df = tables.comm([stage2, stage3]).set_index("stage")
+    df = engine_tables.comm([stage2, stage3]).set_index("stage")
     assert df.loc[2, "ours"] == 2 and df.loc[2, "error_pct"] == 0  # the mp group is not DP traffic
     assert df.loc[3, "ours"] == 3.5 and df.loc[3, "error_pct"] == pytest.approx(100 * 0.5 / 3)
 
 
 def test_loss_errors_against_the_single_process_run():
     recs = [record(0, 1, losses=[5.0, 4.0]), record(2, 2, losses=[5.0, 4.4]), record(1, 2, status="oom", losses=None)]
-    df = tables.loss(recs)
+    df = engine_tables.loss(recs)
     assert df[df.layout.str.contains("P_os\\+g ")].error_pct.tolist() == [0.0, pytest.approx(10.0)]
     assert df[df.status == "oom"].ours.isna().all()
 
@@ -181,10 +181,10 @@ def test_roles_of_the_paper_tables():
 
 def test_roles_of_the_record_tables():
     recs = [record(0, 1, losses=[5.0, 4.0]), record(2, 2, losses=[5.0, 4.4])]
-    loss = tables.loss(recs)
+    loss = engine_tables.loss(recs)
     assert loss[loss.dp == 1].role.tolist() == ["reference"] * 2  # the single-process run beside itself
     assert loss[loss.dp == 2].role.tolist() == ["judged"] * 2
-    mem = tables.memory([record(1, 4), record(1, 4, source="modelled"), record(1, 4, source="traced")])
+    mem = engine_tables.memory([record(1, 4), record(1, 4, source="modelled"), record(1, 4, source="traced")])
     assert mem.set_index("source").role.to_dict() == {"measured": "judged", "modelled": "formula", "traced": "judged"}
 
 
@@ -195,7 +195,7 @@ def test_model_vs_measured_marks_the_rows_a_fitted_term_changes():
 
     from zerobench.artifacts.tables.vs_measured import model_vs_measured
     from zerobench.perfmodel.hardware import get_profile
-    from zerobench.results import read_record
+    from zerobench.record_files import read_record
 
     root = Path(__file__).resolve().parents[2]
     hw = get_profile(str(root / "results/profiles/calibrated-cpu.json"))

@@ -33,7 +33,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from zerobench import results
+from zerobench import record_files
 from zerobench.checks.card import CARD_ENV, Card, bound_bytes, misfit
 from zerobench.perfmodel import model_record, profile_file
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
@@ -92,7 +92,7 @@ def run_cli(command: str, values: dict, out: Path, timeout: float) -> dict:
     if done is not None:
         sys.stderr.write(done.stderr)  # the child's log stays in the part's log
     if out.exists():
-        return results.read_record(out)
+        return record_files.read_record(out)
     if done is None:
         return {**values, "status": "timeout", "error": f"zerobench {command}: no record after {timeout:.0f} s"}
     last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -165,7 +165,7 @@ def compare(directory: Path, profile: str = "calibrated-cuda.json") -> list[dict
     micro-batch) by the current model; written to `directory`/compare.csv."""
     import pandas as pd
 
-    records = [results.read_record(path) for path in sorted((directory / "runs").glob("*.json"))]
+    records = [record_files.read_record(path) for path in sorted((directory / "runs").glob("*.json"))]
     records.sort(key=lambda r: (PRESETS.index(r["model"]), r["stage"], r["micro_batch"]))
     calibrated = directory / profile
     on_card = with_measured_margins(calibrated, records) if calibrated.exists() else None

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from zerobench import results
+from zerobench import record_files
 from zerobench.checks.card import CARD_ENV, Card, cuda_only_bytes, misfit
 from zerobench.checks.gpu_check import run_cli
 from zerobench.engine.config import preset
@@ -102,7 +102,7 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None, card
     trial whose memory cap is more than `card` leaves the allocator is not run (said why)."""
     # pandas and matplotlib: not for the trials' processes
     from zerobench.artifacts.plots.draw import plot
-    from zerobench.artifacts.tables.tables import build
+    from zerobench.artifacts.tables.build import build
 
     path = Path(name) if name.endswith(".yaml") else sheets.SHEET_DIR / f"{name}.yaml"
     spec, name = sheets.load_sheet(path), path.stem
@@ -112,7 +112,7 @@ def sheet(name: str, out: Path, deadline: float, device: str | None = None, card
     trials = [t for group in sheets.sheet_trials(spec) for t in group]
     for trial in trials:  # a sheet's modelled trials (the line beside): the model's, no device, at once
         if trial["source"] == "modelled":
-            results.write_record(model_trial(trial), runs / f"{sheets.trial_id(trial)}.json")
+            record_files.write_record(model_trial(trial), runs / f"{sheets.trial_id(trial)}.json")
     for trial in [t for t in trials if t["source"] == "emulated"]:
         record_path = runs / f"{sheets.trial_id(trial)}.json"
         left = deadline - time.monotonic() - RESERVE_S

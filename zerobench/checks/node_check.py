@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench import results
+from zerobench import record_files
 from zerobench.checks.card import Card, bound_bytes, misfit
 from zerobench.checks.reference import reference_run, rel_err, whole_parameters
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, TrainConfig, preset
@@ -166,7 +166,7 @@ def speed(ctx, values: dict, traced: Path, n: int, device: torch.device, card: C
     status (`classify`), so the node's JSON keeps every other row."""
     spec = speed_spec(values)
     path = traced / f"{values['model']}-s{values['stage']}.json"
-    trace = results.read_record(path) if path.exists() else {}
+    trace = record_files.read_record(path) if path.exists() else {}
     why = misfit(trace, card, spec.parallel.dp, spec.parallel.mp) if card is not None else None
     if why:
         return {**values, "status": "skipped", "error": why, "traced_peak_bytes": trace.get("peak_allocated_bytes")}
@@ -297,7 +297,7 @@ def trace(out: Path, n: int) -> None:
     for model in SPEED_MODELS:
         for stage in range(4):
             rec = trace_record(speed_spec(speed_values(model, stage, n)))
-            results.write_record(rec, out / "traced" / f"{model}-s{stage}.json")
+            record_files.write_record(rec, out / "traced" / f"{model}-s{stage}.json")
             print(f"node_check: traced {model} stage {stage}: {rec['status']}", flush=True)
 
 

@@ -1,6 +1,6 @@
 """Table 1 traced in one process: each cell's engine built under FakeTensorMode (runtime/trace.py,
 `trace_states`: no step), its model states counted, the table written beside the formula and the
-paper's printed cells (artifacts/table1.py). The workflow traces the same cells as separate
+paper's printed cells (artifacts/tables/table1.py). The workflow traces the same cells as separate
 `zerobench trace --states-only` trials; this is the one-command route.
 
     python -m zerobench.checks.table1_trace OUTDIR [--all]   # OUTDIR/table1.csv and .md

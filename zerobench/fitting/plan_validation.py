@@ -21,12 +21,13 @@ import sys
 
 import pandas as pd
 
-from zerobench.engine.config import ConfigError, ModelConfig
+from zerobench.engine.config import ModelConfig
 from zerobench.fitting.external import CODE, IMPLEMENTATION, SPLITS, expressible, load
 from zerobench.perfmodel.constants import DEFAULT
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
 from zerobench.plan.rank import find, rank
 from zerobench.plan.request import PlanRequest
+from zerobench.trial.errors import REFUSED
 
 KEY = ["source", "model", "layers", "hidden", "heads", "seq", "vocab", "hardware", "gpus", "precision", "attention",
        "global_batch"]  # fmt: skip
@@ -88,7 +89,7 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
         cal = DEFAULT.replace(**CODE.get(first.source, {}))
         try:
             rows = rank(req, cal, progress=None)
-        except ConfigError as exc:
+        except REFUSED as exc:
             out += [
                 dict(zip(KEY, key, strict=True), value=r.value, metric=r.metric, note=str(exc))
                 for r in group.itertuples()

@@ -8,7 +8,7 @@ import importlib.util
 import os
 import sys
 
-from zerobench.peers.harness import Unavailable, rank_batches, reference_model
+from zerobench.peers.workload import Unavailable, rank_batches, reference_model
 
 
 def check(impl: str, spec) -> None:

@@ -1,8 +1,8 @@
-"""What every implementation in the side-by-side comparison shares: the same GPT with the same
-initial weights, the same token batches, and one measurement harness run on every rank of a
-world of its own (one spawned gloo world per implementation, zerobench/engine/parallel/spawn.py;
+"""The measurement harness every implementation of the side-by-side comparison runs under, on every
+rank of a world of its own (one spawned gloo world per implementation, zerobench/engine/parallel/spawn.py;
 on CUDA a world of one rank on one GPU (the command refuses more), whose FSDP2 collectives on CUDA
-tensors go over an NCCL group of that rank, `device_group`).
+tensors go over an NCCL group of that rank, workload.py `device_group`), each implementation named
+once in `IMPLEMENTATIONS` with its module; what they all train on is workload.py's.
 
 The harness times whole optimizer steps on the engine's step timer (runtime/devices.py: on CUDA
 the stream waited for at each mark, so a step's time is its work, not its launch; median and
@@ -19,19 +19,17 @@ compute, after them in the same world (ours.py, `collective_seconds`).
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import statistics
 import threading
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
 
-from zerobench.engine.model import GPT
 from zerobench.engine.parallel.spawn import spawned
-from zerobench.engine.zero.activations import apply_activation_checkpointing
 from zerobench.gpus import mfu
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.peers import deepspeed_peer, ours, plain, torch_peers
 from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
 from zerobench.trial import TrialSpec
 
@@ -40,16 +38,16 @@ TORCH_PEER = {0: "ddp", 1: "zero-redundancy-optimizer", 2: "fsdp2-no-reshard", 3
 # The plain PyTorch loop, eager and compiled (zerobench/peers/plain.py): one process, one device,
 # nothing partitioned, so beside stage 0.
 PLAIN = ("plain", "plain-compile")
-# Implementation name -> (module in zerobench.peers, the ZeRO stage it corresponds to). Ordered by
+# Implementation name -> (its module in zerobench.peers, the ZeRO stage it corresponds to). Ordered by
 # stage, so each stage's rows are measured close together in time (a shared machine's load drifts).
-IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
+IMPLEMENTATIONS: dict[str, tuple[ModuleType, int]] = {
     name: (module, stage)
     for stage in range(4)
     for name, module in (
-        (f"ours-{stage}", "ours"),
-        *(((plain, "plain") for plain in PLAIN) if stage == 0 else ()),
-        (TORCH_PEER[stage], "torch_peers"),
-        (f"deepspeed-{stage}", "deepspeed_peer"),
+        (f"ours-{stage}", ours),
+        *(((name, plain) for name in PLAIN) if stage == 0 else ()),
+        (TORCH_PEER[stage], torch_peers),
+        (f"deepspeed-{stage}", deepspeed_peer),
     )
 }
 # What one device compares unless told (world size 1): ours at every stage, the plain loop eager and
@@ -58,14 +56,10 @@ IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
 SINGLE_DEVICE = ("ours-0", "plain", "plain-compile", "ours-1", "ours-2", "fsdp2-no-reshard", "ours-3", "fsdp2-reshard")
 
 
-class Unavailable(Exception):
-    """The implementation cannot run here (a package missing, code not written yet)."""
-
-
-def family(impl: str):
+def family(impl: str) -> ModuleType:
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl={impl!r}: unknown; choose from {list(IMPLEMENTATIONS)}")
-    return importlib.import_module(f"zerobench.peers.{IMPLEMENTATIONS[impl][0]}")
+    return IMPLEMENTATIONS[impl][0]
 
 
 def default_impls(world_size: int, stage: int | None = None) -> list[str]:
@@ -73,33 +67,6 @@ def default_impls(world_size: int, stage: int | None = None) -> list[str]:
     `SINGLE_DEVICE`; in a world of several ranks every data-parallel implementation."""
     names = SINGLE_DEVICE if world_size == 1 else [i for i in IMPLEMENTATIONS if i not in PLAIN]
     return [i for i in names if stage is None or IMPLEMENTATIONS[i][1] == stage]
-
-
-def reference_model(spec, checkpoint: bool = True) -> GPT:
-    """The GPT every peer trains: our model, fp32, on the trial's device (the current GPU on
-    CUDA), with our seeded init drawn there as our engine draws it. With `checkpoint` and a trial
-    that checkpoints activations, each block checkpointed by our engine's function (the same
-    recomputation as ours)."""
-    with torch.device(spec.precision.device):
-        model = GPT(spec.model)
-    if checkpoint and spec.parallel.checkpoint_activations:
-        apply_activation_checkpointing(model, spec.parallel)
-    model.init_weights(spec.train.seed)
-    return model
-
-
-@functools.cache
-def device_group(device: str):
-    """The process group for collectives on `device`'s tensors: the (gloo) world on CPU, None;
-    on CUDA an NCCL group of every rank, made once per process (every rank calls this alike)."""
-    return None if device == "cpu" else dist.new_group(backend="nccl")
-
-
-def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's (inputs, targets) micro-batches of `step`: the slices our engine takes."""
-    data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
-    tokens = data.global_batch(step, spec.global_batch)
-    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
 
 
 # -- collective observer ------------------------------------------------------------------------
@@ -119,18 +86,6 @@ _OPS = {
     "all_gather": "all_gather",
     "isend": "send",  # point-to-point: our comms' pairwise exchange on gloo (bytes sent)
 }
-
-
-def finish_step(loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> float:
-    """The rest of a torch peer's step after its forward: backward, torch's global-norm clip where
-    asked (DDP's gradients are replicated, FSDP2's are DTensors: either way the global norm), the
-    optimizer step; the loss as a float."""
-    loss.backward()
-    if clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss.item()
 
 
 def _message_bytes(name: str, args, kwargs) -> int:

@@ -17,7 +17,7 @@ import contextlib
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-from zerobench.peers.harness import Unavailable, finish_step, rank_batches, reference_model
+from zerobench.peers.workload import Unavailable, finish_step, rank_batches, reference_model
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16}  # precision -> autocast dtype (None: no autocast)
 

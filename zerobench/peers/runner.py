@@ -34,10 +34,12 @@ import platform
 import statistics
 
 from zerobench import slow_spells, trial
-from zerobench.engine.config import ConfigError
-from zerobench.peers.harness import IMPLEMENTATIONS, Unavailable, default_impls, family, measure, summarise
+from zerobench.peers import deepspeed_peer, ours, plain, torch_peers
+from zerobench.peers.harness import IMPLEMENTATIONS, default_impls, family, measure, summarise
 from zerobench.peers.summary import BOUND, FLOOR, FLOOR_CONCURRENT
+from zerobench.peers.workload import Unavailable
 from zerobench.runtime import probe
+from zerobench.trial.errors import InputError
 
 COLUMNS = (
     "impl", "family", "stage", "source", "status", "error", "model", "num_params", "dp", "world_size",
@@ -61,10 +63,9 @@ _MEDIAN = (
 
 
 def _base_row(impl: str, spec) -> dict:
-    module, stage = IMPLEMENTATIONS[impl]
-    fam = family(impl)
+    fam, stage = IMPLEMENTATIONS[impl]
     vers = {**trial.versions(), **fam.versions()}
-    peer = {"ours": "zerobench", "torch_peers": "torch", "plain": "torch", "deepspeed_peer": "deepspeed"}[module]
+    peer = {ours: "zerobench", torch_peers: "torch", plain: "torch", deepspeed_peer: "deepspeed"}[fam]
     return {
         **dict.fromkeys(COLUMNS),
         "impl": impl,
@@ -212,15 +213,15 @@ def peers_trial(values: dict) -> tuple[trial.TrialSpec, list[str]]:
     model, parallel, precision, train = trial.configs(values)
     compared = {"cpu": ("fp32",), "cuda": ("fp32", "bf16")}[precision.device]
     if precision.mode not in compared:
-        raise ConfigError(f"precision={precision.mode}: the peers on {precision.device} compare {'/'.join(compared)}")
+        raise InputError(f"precision={precision.mode}: the peers on {precision.device} compare {'/'.join(compared)}")
     if train.grad_accum != 1:
-        raise ConfigError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
+        raise InputError(f"grad_accum={train.grad_accum}: the peers compare one micro-batch per step")
     if precision.device == "cuda" and parallel.world_size != 1:
-        raise ConfigError(f"dp={parallel.dp}, mp={parallel.mp}: the peers on cuda compare one GPU (world size 1)")
+        raise InputError(f"dp={parallel.dp}, mp={parallel.mp}: the peers on cuda compare one GPU (world size 1)")
     impls = values["impls"].split(",") if values["impls"] else default_impls(parallel.world_size, values["stage"])
     unknown = [i for i in impls if i not in IMPLEMENTATIONS]
     if unknown:
-        raise ConfigError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
+        raise InputError(f"impls={unknown}: unknown; choose from {list(IMPLEMENTATIONS)}")
     return trial.TrialSpec(model, parallel, precision, train, timeout_s=values["timeout"]), impls
 
 

@@ -4,7 +4,7 @@ DDP (stage 0, bucketed all-reduce overlapped with backward), `ZeroRedundancyOpti
 owner), and FSDP2 `fully_shard` per transformer block plus the root, without resharding after
 forward (parameters gathered once per step and kept through backward: ≈ stage 2) and with it
 (gathered again for backward: stage 3). Adam and global-norm clipping as our engine does them; on
-CUDA Adam's fused kernel (as our engine's), collectives over an NCCL group (harness.device_group),
+CUDA Adam's fused kernel (as our engine's), collectives over an NCCL group (workload.device_group),
 and a bf16 trial FSDP2's own mixed precision (`MixedPrecisionPolicy`: fp32 parameters and
 gradient reduction, bf16 compute), as torchtitan sets it."""
 
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from zerobench.peers.harness import Unavailable, device_group, finish_step, rank_batches, reference_model
+from zerobench.peers.workload import Unavailable, device_group, finish_step, rank_batches, reference_model
 
 
 def check(impl: str, spec) -> None:

@@ -5,13 +5,13 @@ switch or profile chosen while looking at a row is a fit of that row, and the ro
 
 A row is named `(artifact, key)`: a paper artifact's table key (results/<artifact>.csv), an H200
 record (`gpu/h200`, "<preset> stage <s> micro-batch <b>") or a published run's source
-(`external_runs`, "<source>": all its rows). `role_of` in artifacts/common.py reads `fitted_rows`;
+(`external_runs`, "<source>": all its rows). `role_of` in artifacts/judging/common.py reads `fitted_rows`;
 docs/perfmodel.md "The ledger of model choices" prints `markdown()`. A row whose prediction carries
 a term fitted on runs like it (`carriers`) is `fitted` too (common.ROLES). A choice made on an artifact's
 mean rather than on rows names no row and says why its rows stay judged (`rows_judged_because`).
 `without` is what reverses the choice where the model can price that (trial fields of a sheet,
 Calibration fields, or fields of the trial's hardware profile): the tables then show the row both ways
-(artifacts/choice_readings.py), and tests/unit/test_choices.py reverts it and checks that the rows
+(artifacts/judging/choice_readings.py), and tests/unit/test_choices.py reverts it and checks that the rows
 whose prediction moves are exactly its `rows` and `carriers`. A choice made while an artifact's rows
 were in view names the rows of it that it moves, whatever it was chosen on (a row, or a mean).
 """

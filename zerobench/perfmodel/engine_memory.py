@@ -43,7 +43,7 @@ from functools import lru_cache
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.engine.zero.partition import MAX_IN_FLIGHT, FlatLayout
-from zerobench.perfmodel.profile import HardwareProfile
+from zerobench.perfmodel.hardware_profile import HardwareProfile
 
 FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype, the loss's, Adam's, statistics'
 TOKEN = 8  # bytes of a token id (int64)

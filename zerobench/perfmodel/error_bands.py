@@ -13,7 +13,7 @@ band: the coverage is counted on them (fitting/write_bands.py). The bands are re
 zerobench/data/error_bands.csv, which `python -m zerobench.fitting.write_bands` writes; the model
 never imports the fitting code. The band is of throughput (step time, TFLOPS), not of memory.
 
-A modelled row of a table carries one band, `band_pct` (`carried`; artifacts/judged_bands.py): its
+A modelled row of a table carries one band, `band_pct` (`carried`; artifacts/judging/judged_bands.py): its
 regime's band where the regime has one, else the POOLED band, the POOLED_COVERAGE (90 %) interval over
 every validation run of every regime (zerobench/data/pooled_band.csv), wider than the regimes' 80 % as
 a row borrows it from runs of other regimes; `band_basis` says which. A memory row takes the pooled

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from zerobench.engine.config import ConfigError
 from zerobench.gpus import peak_flops
 from zerobench.perfmodel import profile_file
-from zerobench.perfmodel.profile import GB, GiB, HardwareProfile
+from zerobench.perfmodel.hardware_profile import GB, GiB, HardwareProfile
+from zerobench.trial.errors import InputError
 
 __all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "get_profile"]
 
@@ -85,12 +85,12 @@ def get_profile(name: str | HardwareProfile, gpus_per_node: int | None = None) -
     elif (path := profile_file.find(name)) is not None:
         profile = profile_file.load(path)
     else:
-        raise ConfigError(
+        raise InputError(
             f"hardware={name!r}: unknown profile; choose one of {sorted(PROFILES)}, a calibrated profile's "
             f"JSON path, or a name under {' or '.join(map(str, profile_file.search_dirs()))}"
         )
     if gpus_per_node is not None:
         if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-            raise ConfigError(f"gpus_per_node={gpus_per_node!r}: must be an integer >= 1")
+            raise InputError(f"gpus_per_node={gpus_per_node!r}: must be an integer >= 1")
         profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
     return profile

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from zerobench.engine.config import ModelConfig, ParallelConfig
 from zerobench.perfmodel.constants import Calibration
-from zerobench.perfmodel.profile import HardwareProfile
+from zerobench.perfmodel.hardware_profile import HardwareProfile
 from zerobench.perfmodel.schedule import stage3_modules
 
 HOST_OP_S = 12.67e-6  # s per op dispatched, measured on the H200 (calibrated-cuda.json op_overhead_s)

@@ -1,6 +1,6 @@
 """The kernels one transformer layer runs, by name and shape, and their time on a measured
 (calibrated) profile: each linear at the rates measured for its own shape (forward and
-backward), each named kernel at the time measured for its size (zerobench/calibrate/kernel_bench.py).
+backward), each named kernel at the time measured for its size (zerobench/microbench/kernel_bench.py).
 
 Per layer and micro-batch on one MP rank (t = b·s tokens, h hidden, a/mp local heads, d = h/a;
 Megatron's column/row split, paper §4.2; the engine's zerobench/engine/model.py has the same layout):
@@ -8,7 +8,7 @@ GEMMs `qkv` (t×h)·(h×3h/mp), `proj` (t×h/mp)·(h/mp×h), `fc1` (t×h)·(h×4
 `fc2` (t×4h/mp)·(4h/mp×h); attention `scores` QKᵀ and `context` P·V, b·a/mp batched (s×d)·(d×s)
 and (s×s)·(s×d). Backward runs each GEMM twice (input and weight gradient: the same FLOPs with
 the dimensions permuted). The logits GEMM (t×h)·(h×V/mp) runs once per micro-batch. GEMM rates
-are measured cold (calibrate/kernel_bench.py): a step reads each weight with every other layer between.
+are measured cold (microbench/kernel_bench.py): a step reads each weight with every other layer between.
 
 Element-wise kernels (forward; backward reads and writes twice the bytes): `layernorm` ×2 (read
 t·h, write t·h), `gelu` (t·4h/mp each way), `residual_add` ×2 (read 2, write 1 × t·h), and with
@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 
-from zerobench.engine.config import ConfigError, ModelConfig
+from zerobench.engine.config import ModelConfig
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.host_cost import host_excess
+from zerobench.trial.errors import InputError
 
 ATTENTION = ("materialized", "fused")
 ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/engine/model.py calls scaled_dot_product_attention
@@ -34,7 +35,7 @@ ENGINE_ATTENTION = "fused"  # what the engine runs: zerobench/engine/model.py ca
 def check_attention(attention: str) -> str:
 
     if attention not in ATTENTION:
-        raise ConfigError(f"attention={attention!r}: must be one of {ATTENTION}")
+        raise InputError(f"attention={attention!r}: must be one of {ATTENTION}")
     return attention
 
 

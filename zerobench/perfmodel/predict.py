@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zerobench.engine.config import ConfigError, ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
+from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig
 from zerobench.flops import step_flops
 from zerobench.perfmodel import compute, network, schedule
 from zerobench.perfmodel.constants import DEFAULT, Calibration
@@ -23,6 +23,7 @@ from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, Implement
 from zerobench.perfmodel.implementation import get as get_implementation
 from zerobench.perfmodel.kernels import check_attention
 from zerobench.trial import new_record, trial_columns
+from zerobench.trial.errors import REFUSED, InputError
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,16 @@ def validate(model: ModelConfig, parallel: ParallelConfig, hw: HardwareProfile) 
     The vocabulary is padded to a multiple of mp, as Megatron does, so it is not checked."""
     for field, value in (("heads", model.heads), ("hidden", model.hidden)):
         if value % parallel.mp:
-            raise ConfigError(f"{field}={value!r}: must be divisible by mp ({parallel.mp})")
+            raise InputError(f"{field}={value!r}: must be divisible by mp ({parallel.mp})")
     gpn = hw.gpus_per_node
     if (parallel.mp > gpn and parallel.mp % gpn) or (parallel.mp < gpn and gpn % parallel.mp):
-        raise ConfigError(f"mp={parallel.mp!r}: an MP group must divide a node or span whole nodes ({gpn} GPUs)")
+        raise InputError(f"mp={parallel.mp!r}: an MP group must divide a node or span whole nodes ({gpn} GPUs)")
 
 
 def layout(gpus: int, mp: int, **parallel_fields) -> ParallelConfig:
     """ParallelConfig for `gpus` GPUs at MP degree `mp` (DP = gpus / mp)."""
     if not isinstance(gpus, int) or gpus < 1 or gpus % mp:
-        raise ConfigError(f"gpus={gpus!r}: must be a positive multiple of mp ({mp})")
+        raise InputError(f"gpus={gpus!r}: must be a positive multiple of mp ({mp})")
     return ParallelConfig(dp=gpus // mp, mp=mp, **parallel_fields)
 
 
@@ -166,7 +167,7 @@ def model_record(
     fields["error_band_pct"] = band(str(hardware), parallel.world_size, parallel.mp, parallel.stage).value
     try:
         pred = predict(model, parallel, precision, train, hardware, gpus_per_node, cal, attention, implementation)
-    except ConfigError as exc:
+    except REFUSED as exc:
         return new_record("modelled", status="infeasible", error=str(exc), **fields)
     mem = pred.memory
     fields.update(
@@ -223,7 +224,7 @@ def estimate_text(
     )
     try:
         pred = predict(model, parallel, precision, train, hw, None, cal, attention, implementation)
-    except ConfigError as exc:
+    except REFUSED as exc:
         return f"{head}\n  cannot exist: {exc}"
     m = pred.memory
     z = _size

@@ -14,8 +14,8 @@ import math
 import os
 from pathlib import Path
 
-from zerobench.engine.config import ConfigError
-from zerobench.perfmodel.profile import HardwareProfile
+from zerobench.perfmodel.hardware_profile import HardwareProfile
+from zerobench.trial.errors import InputError
 
 FORMAT = "zerobench-hardware-profile/2"  # /2: Adam and clip by size, in the kernel table
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -33,6 +33,7 @@ _MEASURED = (
     "checkpoint_runtime_bytes",
     "concurrency_slowdown",
 )
+
 KERNELS = ("layernorm", "gelu", "residual_add", "cross_entropy", "vocab_cross_entropy", "softmax", "attention",
            "copy", "embedding", "adam", "clip")  # fmt: skip
 
@@ -79,19 +80,19 @@ def to_dict(profile: HardwareProfile) -> dict:
 
 def _number(field: str, value, positive: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{field}={value!r}: must be a finite number")
+        raise InputError(f"{field}={value!r}: must be a finite number")
     if positive and value <= 0:
-        raise ConfigError(f"{field}={value!r}: must be > 0")
+        raise InputError(f"{field}={value!r}: must be > 0")
     return value
 
 
 def _rows(field: str, value, width: int, check) -> tuple:
     if not isinstance(value, list | tuple):
-        raise ConfigError(f"{field}={value!r}: must be a list of {width}-element rows")
+        raise InputError(f"{field}={value!r}: must be a list of {width}-element rows")
     rows = []
     for i, row in enumerate(value):
         if not isinstance(row, list | tuple) or len(row) != width:
-            raise ConfigError(f"{field}[{i}]={row!r}: must have {width} elements")
+            raise InputError(f"{field}[{i}]={row!r}: must have {width} elements")
         rows.append(tuple(check(f"{field}[{i}]", row)))
     return tuple(rows)
 
@@ -100,14 +101,14 @@ def _gemm_row(where: str, row) -> list:
     m, n, k, fwd, bwd = row
     for name, v in zip("mnk", (m, n, k), strict=True):
         if not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{where}.{name}={v!r}: must be an integer >= 1")
+            raise InputError(f"{where}.{name}={v!r}: must be an integer >= 1")
     return [m, n, k, _number(f"{where}.forward_flops_per_s", fwd), _number(f"{where}.backward_flops_per_s", bwd)]
 
 
 def _kernel_row(where: str, row) -> list:
     name, size, fwd, bwd = row
     if name not in KERNELS:
-        raise ConfigError(f"{where}.kernel={name!r}: must be one of {KERNELS}")
+        raise InputError(f"{where}.kernel={name!r}: must be one of {KERNELS}")
     return [
         name,
         _number(f"{where}.size", size),
@@ -120,16 +121,16 @@ def _probe_row(where: str, row) -> list:
     n, size, gemm, copy = row
     for name, v in (("gemm_n", n), ("copy_bytes", size)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ConfigError(f"{where}.{name}={v!r}: must be an integer >= 1")
+            raise InputError(f"{where}.{name}={v!r}: must be an integer >= 1")
     return [n, size, _number(f"{where}.gemm_flops_per_s", gemm), _number(f"{where}.copy_bytes_per_s", copy)]
 
 
 def _group(where: str, op: str, size) -> None:
     """A collective's op and group size, checked (every collective row names both)."""
     if op not in OPS:
-        raise ConfigError(f"{where}.op={op!r}: must be one of {OPS}")
+        raise InputError(f"{where}.op={op!r}: must be one of {OPS}")
     if not isinstance(size, int) or size < 2:
-        raise ConfigError(f"{where}.size={size!r}: must be an integer >= 2")
+        raise InputError(f"{where}.size={size!r}: must be an integer >= 2")
 
 
 def _collective_row(where: str, row) -> list:
@@ -148,33 +149,33 @@ def _sync_row(where: str, row) -> list:
     size, compute, wait = row
     _group(where, "all_reduce", size)  # the sync benchmark's collective
     if _number(f"{where}.wait_s", wait, positive=False) < 0:
-        raise ConfigError(f"{where}.wait_s={wait!r}: must be >= 0 (a rank waits no time or some)")
+        raise InputError(f"{where}.wait_s={wait!r}: must be >= 0 (a rank waits no time or some)")
     return [size, _number(f"{where}.compute_s", compute), wait]
 
 
 def from_dict(d: dict) -> HardwareProfile:
-    """A validated profile; ConfigError names the first field that is missing or wrong."""
+    """A validated profile; InputError names the first field that is missing or wrong."""
     if not isinstance(d, dict):
-        raise ConfigError(f"profile={d!r}: must be a JSON object")
+        raise InputError(f"profile={d!r}: must be a JSON object")
     fields = {f.name: f for f in dataclasses.fields(HardwareProfile)}
     unknown = sorted(set(d) - set(fields))
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown profile field; expected some of {sorted(fields)}")
+        raise InputError(f"{unknown[0]}: unknown profile field; expected some of {sorted(fields)}")
     required = [n for n, f in fields.items() if f.default is dataclasses.MISSING]
     if d.get("measured"):
         required += list(_MEASURED)
     for name in required:
         if name not in d:
-            raise ConfigError(f"{name}: missing from the profile")
+            raise InputError(f"{name}: missing from the profile")
     for name in ("name", "gpu"):
         if not isinstance(d[name], str) or not d[name]:
-            raise ConfigError(f"{name}={d[name]!r}: must be a non-empty string")
+            raise InputError(f"{name}={d[name]!r}: must be a non-empty string")
     v = dict(d)
     for name in _POSITIVE:
         v[name] = _number(name, d[name])
     for name in ("gpus_per_node", "nics_per_node", "tensor_core_align"):
         if name in d and (not isinstance(d[name], int) or isinstance(d[name], bool) or d[name] < 1):
-            raise ConfigError(f"{name}={d[name]!r}: must be an integer >= 1")
+            raise InputError(f"{name}={d[name]!r}: must be an integer >= 1")
     for name in ("intra_latency", "inter_latency"):
         if name in d:
             v[name] = _number(name, d[name], positive=False)
@@ -182,10 +183,10 @@ def from_dict(d: dict) -> HardwareProfile:
         if d.get(name) is not None:
             v[name] = _number(name, d[name], positive=False)
             if v[name] < 0:
-                raise ConfigError(f"{name}={d[name]!r}: must be >= 0")
+                raise InputError(f"{name}={d[name]!r}: must be >= 0")
     for name in ("measured", "ranks_share_compute"):
         if name in d and not isinstance(d[name], bool):
-            raise ConfigError(f"{name}={d[name]!r}: must be true or false")
+            raise InputError(f"{name}={d[name]!r}: must be true or false")
     v["gemm_table"] = _rows("gemm_table", d.get("gemm_table", []), 5, _gemm_row)
     v["collectives"] = _rows("collectives", d.get("collectives", []), 4, _collective_row)
     v["collective_table"] = _rows("collective_table", d.get("collective_table", []), 4, _curve_row)
@@ -194,24 +195,24 @@ def from_dict(d: dict) -> HardwareProfile:
     timed = {(row[0], row[1]) for row in v["collective_table"]}
     for op, size, *_ in v["collectives"]:
         if (op, size) not in timed:
-            raise ConfigError(f"collective_table: no row of {op} over {size} ranks; its measured curve is read")
+            raise InputError(f"collective_table: no row of {op} over {size} ranks; its measured curve is read")
     v["kernel_table"] = _rows("kernel_table", d.get("kernel_table", []), 4, _kernel_row)
     v["host_probe"] = _rows("host_probe", d.get("host_probe", []), 4, _probe_row)
     if d.get("measured"):
         if not v["gemm_table"]:
-            raise ConfigError("gemm_table=[]: a measured profile needs at least one row")
+            raise InputError("gemm_table=[]: a measured profile needs at least one row")
         missing = sorted(set(KERNELS) - {row[0] for row in v["kernel_table"]})
         if missing:
-            raise ConfigError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times {KERNELS}")
+            raise InputError(f"kernel_table: no row of kernel {missing[0]!r}; a measured profile times {KERNELS}")
         for name in ("op_overhead_s", "runtime_bytes", "checkpoint_runtime_bytes"):
             v[name] = _number(name, d[name], positive=False)
             if v[name] < 0:
-                raise ConfigError(f"{name}={d[name]!r}: must be >= 0")
+                raise InputError(f"{name}={d[name]!r}: must be >= 0")
         if _number("concurrency_slowdown", d["concurrency_slowdown"]) < 1:
-            raise ConfigError(f"concurrency_slowdown={d['concurrency_slowdown']!r}: must be >= 1")
+            raise InputError(f"concurrency_slowdown={d['concurrency_slowdown']!r}: must be >= 1")
         for name in ("ops_per_layer", "ops_fixed"):
             if not isinstance(d[name], int) or isinstance(d[name], bool) or d[name] < 0:
-                raise ConfigError(f"{name}={d[name]!r}: must be an integer >= 0")
+                raise InputError(f"{name}={d[name]!r}: must be an integer >= 0")
     return HardwareProfile(**v)
 
 
@@ -219,11 +220,11 @@ def load(path: str | Path) -> HardwareProfile:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"hardware={str(path)!r}: cannot read the profile ({exc})") from exc
+        raise InputError(f"hardware={str(path)!r}: cannot read the profile ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ConfigError(f"format: {str(path)!r} is not a {FORMAT} file (run `zerobench calibrate` to write one)")
+        raise InputError(f"format: {str(path)!r} is not a {FORMAT} file (run `zerobench calibrate` to write one)")
     if "profile" not in doc:
-        raise ConfigError(f"profile: missing from {str(path)!r}")
+        raise InputError(f"profile: missing from {str(path)!r}")
     return from_dict(doc["profile"])
 
 

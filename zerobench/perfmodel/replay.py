@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import statistics
 
-from zerobench.engine.config import ConfigError
 from zerobench.gpus import mfu
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.network import ring
+from zerobench.trial.errors import InputError
 
 DEFAULT_HOST = "calibrated-cpu"  # a CPU rank's collectives: this machine's calibrated profile
 
@@ -31,7 +31,7 @@ def cluster_of(device: str, gpu_profile: str | None, cluster: str | None = None)
         return cluster
     if device == "cuda":
         if not gpu_profile:
-            raise ConfigError("cluster: this GPU has no profile of its own (zerobench/gpus.py); name one")
+            raise InputError("cluster: this GPU has no profile of its own (zerobench/gpus.py); name one")
         return gpu_profile
     return DEFAULT_HOST
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from zerobench.engine.config import ConfigError, ParallelConfig, TrainConfig
+from zerobench.engine.config import ParallelConfig, TrainConfig
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.error_bands import band, carried
 from zerobench.perfmodel.feasibility import breakdown, max_micro_batch
@@ -30,6 +30,7 @@ from zerobench.perfmodel.paper_setups import PAPER_BUCKET
 from zerobench.perfmodel.predict import predict
 from zerobench.plan.request import PlanRequest
 from zerobench.stages import STAGES
+from zerobench.trial.errors import InputError
 from zerobench.trial.fields import MiB
 
 # (checkpoint_activations, partition_activations, offload_activations): none, one checkpoint per
@@ -110,7 +111,7 @@ def _progress(done: int, total: int, t0: float, stream) -> None:
 
 def rank(req: PlanRequest, cal: Calibration = DEFAULT, progress=sys.stderr) -> list[dict]:
     """Every layout of `req` that fits, as rows (the Layout's fields and its modelled speed and
-    memory), fastest first; raises ConfigError naming `gpus` when none fits."""
+    memory), fastest first; raises InputError naming `gpus` when none fits."""
     hw, precision = req.profile, req.precision_config
     cal = cal.for_hardware(hw.name)
     model = req.model
@@ -128,7 +129,7 @@ def rank(req: PlanRequest, cal: Calibration = DEFAULT, progress=sys.stderr) -> l
             rows.append(_priced(req, parallel, b, ga, cal, speeds))
         _progress(i, len(configs), t0, progress)
     if not rows:
-        raise ConfigError(_nothing_fits(req, smallest))
+        raise InputError(_nothing_fits(req, smallest))
     return ranked(rows)
 
 

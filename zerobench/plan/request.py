@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zerobench.engine.config import ConfigError, ModelConfig, PrecisionConfig
+from zerobench.engine.config import ModelConfig, PrecisionConfig
 from zerobench.memory import BYTES_PER_PARAM
 from zerobench.perfmodel.hardware import HardwareProfile, get_profile
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION, PROFILES
 from zerobench.perfmodel.kernels import check_attention
+from zerobench.trial.errors import InputError
 
 
 def _positive(name: str, value, optional: bool = False) -> None:
     if optional and value is None:
         return
     if type(value) is not int or value < 1:
-        raise ConfigError(f"{name}={value!r}: must be an integer >= 1")
+        raise InputError(f"{name}={value!r}: must be an integer >= 1")
 
 
 @dataclass(frozen=True)
@@ -43,27 +44,27 @@ class PlanRequest:
         _positive("global_batch", self.global_batch, optional=True)
         _positive("mp", self.mp, optional=True)
         if self.precision not in BYTES_PER_PARAM:
-            raise ConfigError(f"precision={self.precision!r}: must be one of {list(BYTES_PER_PARAM)}")
+            raise InputError(f"precision={self.precision!r}: must be one of {list(BYTES_PER_PARAM)}")
         if self.implementation not in PROFILES:
-            raise ConfigError(f"implementation={self.implementation!r}: must be one of {sorted(PROFILES)}")
+            raise InputError(f"implementation={self.implementation!r}: must be one of {sorted(PROFILES)}")
         check_attention(self.attention)
-        hw = get_profile(self.hardware, self.gpus_per_node)  # an unknown profile: ConfigError naming `hardware`
+        hw = get_profile(self.hardware, self.gpus_per_node)  # an unknown profile: InputError naming `hardware`
         object.__setattr__(self, "profile", hw)
         if self.mp is not None:
             for name, value in (("heads", self.model.heads), ("hidden", self.model.hidden)):
                 if value % self.mp:
-                    raise ConfigError(f"{name}={value}: must be divisible by mp ({self.mp})")
+                    raise InputError(f"{name}={value}: must be divisible by mp ({self.mp})")
             if self.gpus % self.mp:
-                raise ConfigError(f"gpus={self.gpus}: must be a multiple of mp ({self.mp})")
+                raise InputError(f"gpus={self.gpus}: must be a multiple of mp ({self.mp})")
             if hw.gpus_per_node % self.mp:
-                raise ConfigError(f"mp={self.mp}: must divide a node ({hw.gpus_per_node} GPUs of {hw.name})")
+                raise InputError(f"mp={self.mp}: must divide a node ({hw.gpus_per_node} GPUs of {hw.name})")
         if not self.mp_degrees():
-            raise ConfigError(f"gpus={self.gpus}: no MP degree divides both it and a node of {hw.gpus_per_node}")
+            raise InputError(f"gpus={self.gpus}: no MP degree divides both it and a node of {hw.gpus_per_node}")
         if self.global_batch is not None and not any(
             self.global_batch % (self.gpus // m) == 0 for m in self.mp_degrees()
         ):
             dps = sorted({self.gpus // m for m in self.mp_degrees()})
-            raise ConfigError(f"global_batch={self.global_batch}: must be a multiple of a DP degree {dps}")
+            raise InputError(f"global_batch={self.global_batch}: must be a multiple of a DP degree {dps}")
 
     def mp_degrees(self) -> list[int]:
         """The MP degrees a layout may take: dividing the heads (and so the hidden size), a node

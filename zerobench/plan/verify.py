@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import torch
 
-from zerobench.engine.config import ConfigError
 from zerobench.perfmodel.replay import complete
 from zerobench.plan.answer import shown
 from zerobench.plan.rank import Layout, ranked
@@ -25,6 +24,7 @@ from zerobench.plan.request import PlanRequest
 from zerobench.runtime.emulate import emulate
 from zerobench.runtime.trace import trace_record
 from zerobench.trial import TrialSpec
+from zerobench.trial.errors import InputError
 
 TRACED_ACCUM = 2  # micro-batches a trace runs: the second sees the first's accumulated gradients, as every later one
 TRIES = 2  # layouts checked per place in the top, at most, before the check stops
@@ -86,9 +86,9 @@ def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trac
     (its C_B and M_D variants: if it does not fit, neither do they); the others are ranked again, an
     emulated row by its emulated speed."""
     if how not in ("trace", "emulate"):
-        raise ConfigError(f"verify={how!r}: must be trace or emulate")
+        raise InputError(f"verify={how!r}: must be trace or emulate")
     if how == "emulate" and not torch.cuda.is_available():
-        raise ConfigError("verify=emulate: needs a local CUDA GPU (one rank of each layout runs on it); "
+        raise InputError("verify=emulate: needs a local CUDA GPU (one rank of each layout runs on it); "
                           "none here: use --verify trace")  # fmt: skip
     check = (lambda r: traced(req, r, tracer)) if how == "trace" else (lambda r: emulated(req, r))
     done, dropped, passed = {}, {}, set()  # passed: the ranks a checked layout holds

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zerobench import results
+from zerobench import record_files
 from zerobench.engine.parallel import topology
 from zerobench.runtime import faults, slurm_env
 from zerobench.runtime.train import measure
@@ -62,7 +62,7 @@ def worker(spec_dict: dict) -> str:
     def expired(step: int) -> None:
         error = f"no progress for {spec.timeout_s:g} s at step {step}: a rank died or hung, or a collective stalled"
         if spec.out:
-            results.write_record(spec.record("measured", status="timeout", error=error), spec.out)
+            record_files.write_record(spec.record("measured", status="timeout", error=error), spec.out)
 
     try:
         with faults.watchdog(spec.timeout_s, rank, expired) if world > 1 else nullcontext():
@@ -75,7 +75,7 @@ def worker(spec_dict: dict) -> str:
                     traceback.print_exc()
             release(device)  # an out-of-memory attempt's blocks go back before anything else runs
             if ctx.rank == 0 and spec.out:
-                results.write_record(record, spec.out)
+                record_files.write_record(record, spec.out)
             if record["status"] == "ok" and world > 1:
                 topology.leave_together()  # inside the watchdog: a peer that never arrives is bounded
         return record["status"]
@@ -95,17 +95,17 @@ def run_trial(spec: TrialSpec) -> dict:
     slurm_env.join(spec.parallel.world_size)  # a task of `srun -n W`: RANK, WORLD_SIZE... from SLURM's
     if under_launcher():
         worker(spec.to_dict())
-        return results.read_record(out) if int(os.environ["RANK"]) == 0 else {}
+        return record_files.read_record(out) if int(os.environ["RANK"]) == 0 else {}
     Path(out).unlink(missing_ok=True)
     if spec.parallel.world_size == 1:
         worker(spec.to_dict())
     else:
         _launch(spec)
     if not Path(out).exists():  # a rank died before rank 0 could write
-        results.write_record(
+        record_files.write_record(
             spec.record("measured", status="error", error="a rank exited without a record; see the log"), out
         )
-    return results.read_record(out)
+    return record_files.read_record(out)
 
 
 def _launch(spec: TrialSpec) -> None:
@@ -132,14 +132,14 @@ def _launch(spec: TrialSpec) -> None:
         failures = exc.failures.values()
         died = [f"rank {f.local_rank} exited with status {f.exitcode}" for f in failures if f.exitcode != 1]
         if Path(spec.out).exists():  # rank 0 wrote why before the launcher stopped the ranks
-            record = results.read_record(spec.out)
+            record = record_files.read_record(spec.out)
             if died and record.get("status") == "error":
                 record["error"] = f"{'; '.join(died)} — {record['error']}"
-                results.write_record(record, spec.out)
+                record_files.write_record(record, spec.out)
             return
         first = next(iter(exc.failures.values()))
         watchdog = any(f.exitcode == faults.WATCHDOG_EXIT for f in exc.failures.values())
-        results.write_record(
+        record_files.write_record(
             spec.record(
                 "measured",
                 status="timeout" if watchdog else "error",

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from zerobench.engine.config import ConfigError
 from zerobench.trial import new_record
 from zerobench.trial.fields import COMMAND
 
 SOURCE = {command: source for source, command in COMMAND.items()}  # `run` -> measured, ...
 
 
-def record(command: str, values: Mapping, exc: ConfigError) -> dict:
+def record(command: str, values: Mapping, exc: ValueError) -> dict:
     """`command`'s record of the refused configuration `values` (parsed flags): the fields it was
     given that say which layout it was, and the error."""
     fields = {k: values.get(k) for k in ("model", "dp", "mp", "stage", "precision", "micro_batch")}

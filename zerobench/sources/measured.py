@@ -14,11 +14,11 @@ import sys
 from collections.abc import Mapping
 
 from zerobench import slow_spells
-from zerobench.engine.config import ConfigError
 from zerobench.perfmodel import profile_file
-from zerobench.results import read_record, write_record
+from zerobench.record_files import read_record, write_record
 from zerobench.runtime.procs import process_tree
 from zerobench.trial import TrialSpec, configs, mib, policy
+from zerobench.trial.errors import InputError
 
 
 def spec(values: Mapping) -> TrialSpec:
@@ -66,7 +66,7 @@ def _run_with_time_limit(values: Mapping, argv: list[str], attempt: TrialSpec, l
     seconds it is killed with the launcher and every rank, and the record says `timeout`."""
     limit, out = values["time_limit"], values["out"]
     if not out:
-        raise ConfigError("time_limit: needs --out (the record is written there)")
+        raise InputError("time_limit: needs --out (the record is written there)")
     # this attempt's sizes, no search and no rerun of its own
     child_argv = [*argv, *policy.listed_flags(attempt, listed), "--time-limit", "0", "--probe-reference", ""]
     child = subprocess.Popen([sys.executable, "-m", "zerobench.cli", *child_argv])

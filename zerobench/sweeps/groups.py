@@ -13,12 +13,12 @@ import argparse
 import os
 from pathlib import Path
 
-from zerobench.engine.config import ConfigError
 from zerobench.perfmodel.constants import DEFAULT, Calibration
-from zerobench.results import write_record
+from zerobench.record_files import write_record
 from zerobench.sources import modelled
 from zerobench.sweeps import interleave, sheets
 from zerobench.trial import COLUMNS, new_record
+from zerobench.trial.errors import REFUSED, InputError
 
 
 def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
@@ -26,7 +26,7 @@ def model_trial(trial: dict, cal: Calibration = DEFAULT) -> dict:
     cannot exist (the message names the field)."""
     try:
         return modelled.record(trial, cal)
-    except ConfigError as exc:
+    except REFUSED as exc:
         given = {k: v for k, v in trial.items() if k in COLUMNS and k != "source"}  # the trial's own columns
         return new_record("modelled", status="infeasible", error=str(exc), **given)
 
@@ -36,7 +36,7 @@ def model_group(trials: list[dict], outdir: str | os.PathLike, cal: Calibration 
     paths = []
     for trial in trials:
         if trial["source"] != "modelled":
-            raise ConfigError(f"source={trial['source']!r}: `zerobench sweep` runs modelled groups only")
+            raise InputError(f"source={trial['source']!r}: `zerobench sweep` runs modelled groups only")
         path = Path(outdir) / f"{sheets.trial_id(trial)}.json"
         write_record(model_trial(trial, cal), path)
         paths.append(path)
@@ -48,7 +48,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     groups = sheets.sheet_trials(sheet, args.smoke)
     picked = range(len(groups)) if args.group is None else [args.group]
     if any(not 0 <= g < len(groups) for g in picked):
-        raise ConfigError(f"group={args.group}: the sheet has groups 0-{len(groups) - 1}")
+        raise InputError(f"group={args.group}: the sheet has groups 0-{len(groups) - 1}")
     Path(args.outdir).mkdir(parents=True, exist_ok=True)
     if args.group is not None and sheet["trials"][args.group].get("interleave"):
         paths = interleave.run_group(groups[args.group], args.outdir, args.device, args.time_limit, args.launcher)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from zerobench.engine.config import ConfigError
+from zerobench.trial.errors import InputError
 from zerobench.trial.fields import COMMAND, FIELDS, SHEET_FIELDS, SOURCES, resolved, takes
 
 SHEET_DIR = Path(__file__).resolve().parents[2] / "workflows" / "config" / "sheets"
@@ -30,10 +30,10 @@ GROUP_KEYS = ("source", "base", "cases", "grid", "smoke", "interleave")
 
 def _check_fields(fields, where: str) -> None:
     if not isinstance(fields, dict):
-        raise ConfigError(f"{where}: must be a mapping of trial fields, got {fields!r}")
+        raise InputError(f"{where}: must be a mapping of trial fields, got {fields!r}")
     unknown = [k for k in fields if k not in SHEET_FIELDS]
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; trial fields are {sorted(SHEET_FIELDS)}")
+        raise InputError(f"{where}: unknown field {unknown[0]!r}; trial fields are {sorted(SHEET_FIELDS)}")
 
 
 def check_sheet(sheet: dict, name: str) -> None:
@@ -43,9 +43,9 @@ def check_sheet(sheet: dict, name: str) -> None:
         where = f"sheet {name}, group {i}"
         unknown = [k for k in group if k not in GROUP_KEYS]
         if unknown:
-            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a group has {list(GROUP_KEYS)}")
+            raise InputError(f"{where}: unknown key {unknown[0]!r}; a group has {list(GROUP_KEYS)}")
         if group.get("source") not in SOURCES:
-            raise ConfigError(f"{where}: source={group.get('source')!r}; choose one of {list(SOURCES)}")
+            raise InputError(f"{where}: source={group.get('source')!r}; choose one of {list(SOURCES)}")
         _check_fields(group.get("base", {}), f"{where}, base")
         _check_fields(group.get("grid", {}), f"{where}, grid")
         for j, case in enumerate(group.get("cases") or []):
@@ -62,12 +62,12 @@ def _check_interleave(group: dict, where: str) -> None:
     if rounds is None:
         return
     if group["source"] != "measured":
-        raise ConfigError(f"{where}: interleave={rounds!r} times measured trials; this group is {group['source']}")
+        raise InputError(f"{where}: interleave={rounds!r} times measured trials; this group is {group['source']}")
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 2:
-        raise ConfigError(f"{where}: interleave={rounds!r}; give the number of rounds, 2 or more")
+        raise InputError(f"{where}: interleave={rounds!r}; give the number of rounds, 2 or more")
     parts = [group.get("base", {}), group.get("grid", {}), *(group.get("cases") or [])]
     if any("repeat" in part for part in parts):
-        raise ConfigError(f"{where}: interleave sets each trial's repeat (its round); drop the repeat field")
+        raise InputError(f"{where}: interleave sets each trial's repeat (its round); drop the repeat field")
 
 
 def load_sheet(name_or_path: str | Path) -> dict:
@@ -76,7 +76,7 @@ def load_sheet(name_or_path: str | Path) -> dict:
     if path.suffix != ".yaml":
         path = SHEET_DIR / f"{name_or_path}.yaml"
     if not path.exists():
-        raise ConfigError(f"sheet={str(name_or_path)!r}: no sheet at {path}")
+        raise InputError(f"sheet={str(name_or_path)!r}: no sheet at {path}")
     with open(path) as f:
         sheet = yaml.safe_load(f)
     check_sheet(sheet, path.stem)

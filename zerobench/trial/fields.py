@@ -26,7 +26,6 @@ from zerobench.engine.config import (
     COMPILE,
     PAPER_BUCKET,
     ZERO_CONFIGS,
-    ConfigError,
     ModelConfig,
     ParallelConfig,
     PrecisionConfig,
@@ -34,6 +33,7 @@ from zerobench.engine.config import (
 )
 from zerobench.memory import BYTES_PER_PARAM
 from zerobench.stages import STAGES
+from zerobench.trial.errors import InputError
 
 MiB = 2**20  # bytes; the flags take buffer sizes and budgets in MiB
 SOURCES = (
@@ -42,6 +42,7 @@ SOURCES = (
     "modelled",
     "emulated",
 )  # where a record's numbers come from (zerobench/trial/record.py)
+
 COMMAND = {
     "measured": "run",
     "traced": "trace",
@@ -281,6 +282,6 @@ def resolved(values: dict) -> dict:
         names = FIELDS[name].names if name in FIELDS else None
         if names and isinstance(value, str):
             if value not in names:
-                raise ConfigError(f"{name}={value!r}: must be a number or one of {list(names)}")
+                raise InputError(f"{name}={value!r}: must be a number or one of {list(names)}")
             out[name] = names[value]
     return out

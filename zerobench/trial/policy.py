@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 
-from zerobench.engine.config import ConfigError
 from zerobench.trial import TrialSpec
+from zerobench.trial.errors import InputError
 
 SEARCHED = {"micro_batch_policy": "micro_batch", "layers_policy": "layers"}  # policy field -> the size it picks
 
@@ -67,7 +67,7 @@ def searched(policies: Mapping) -> str | None:
     `search`."""
     fields = [field for policy, field in SEARCHED.items() if policies.get(policy, "listed") == "largest_fits"]
     if len(fields) > 1:
-        raise ConfigError("layers_policy: search the micro-batch or the depth, not both at once")
+        raise InputError("layers_policy: search the micro-batch or the depth, not both at once")
     return fields[0] if fields else None
 
 

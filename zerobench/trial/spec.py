@@ -20,13 +20,13 @@ from types import SimpleNamespace
 from zerobench import flops
 from zerobench.engine.config import (
     ZERO_CONFIGS,
-    ConfigError,
     ModelConfig,
     ParallelConfig,
     PrecisionConfig,
     TrainConfig,
     preset,
 )
+from zerobench.trial.errors import InputError
 from zerobench.trial.fields import FIELDS, MiB
 from zerobench.trial.record import global_batch, new_record, trial_columns
 
@@ -93,7 +93,7 @@ class TrialSpec:
 
 def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConfig, TrainConfig]:
     """Validated configs from a trial's field values (parsed flags, or a sheet's trial; a field
-    not given takes its default, and `command` says which command runs it); raises ConfigError
+    not given takes its default, and `command` says which command runs it); raises InputError
     naming the field."""
     args = SimpleNamespace(**{**{name: f.default for name, f in FIELDS.items()}, "command": None, **values})
     model = preset(args.model).with_overrides(
@@ -103,16 +103,16 @@ def configs(values: Mapping) -> tuple[ModelConfig, ParallelConfig, PrecisionConf
     gpus = args.gpus
     if gpus is not None:
         if args.mp < 1:  # before `gpus % mp` below
-            raise ConfigError(f"mp={args.mp}: must be an integer >= 1")
+            raise InputError(f"mp={args.mp}: must be an integer >= 1")
         if gpus < 1 or gpus % args.mp:
-            raise ConfigError(f"gpus={gpus}: must be a positive multiple of mp ({args.mp})")
+            raise InputError(f"gpus={gpus}: must be a positive multiple of mp ({args.mp})")
         if dp is not None and dp * args.mp != gpus:
-            raise ConfigError(f"dp={dp}: dp × mp must equal gpus ({gpus})")
+            raise InputError(f"dp={dp}: dp × mp must equal gpus ({gpus})")
         dp = gpus // args.mp
     zero = dict(ZERO_CONFIGS[args.zero_config]) if args.zero_config else {}
     if args.stage is not None:
         if zero and zero["stage"] != args.stage:
-            raise ConfigError(f"stage={args.stage}: conflicts with zero-config {args.zero_config}")
+            raise InputError(f"stage={args.stage}: conflicts with zero-config {args.zero_config}")
         zero["stage"] = args.stage
     switches = ("checkpoint_activations", "partition_activations", "offload_activations", "contiguous_buffers")
     for name in switches:
@@ -148,5 +148,5 @@ def _attributes(args: SimpleNamespace, config: type) -> dict:
 
 def mib(value: float, field: str) -> int:
     if not 0 < value * MiB < math.inf:  # in bytes, so a huge finite MiB count is refused too
-        raise ConfigError(f"{field}={value!r}: must be a finite number > 0")
+        raise InputError(f"{field}={value!r}: must be a finite number > 0")
     return max(1, int(value * MiB))

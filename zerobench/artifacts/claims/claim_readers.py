@@ -1,8 +1,8 @@
-"""How the claims ledger (artifacts/claims.py) reads ours from the artifacts' tables
+"""How the claims ledger (artifacts/claims/claims.py) reads ours from the artifacts' tables
 (results/<artifact>.csv): single points (`cell`, judged or fitted, a fitted one flagged), ratios of
 them (`ratio`), aggregates over judged and fitted rows (`over_judged`, fitted where one is), a
 table's own derived rows of such rows (`over_derived`), or the worst judged row (`worst`). Rows that failed or were
-taken wholly in a slow spell of the host are never read (artifacts/host_speed.py)."""
+taken wholly in a slow spell of the host are never read (artifacts/judging/host_speed.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from zerobench.artifacts.judging.common import JUDGED
 class Reading:
     """Ours for one claim: the value, its source(s), whether a fitted point is in it, and the rows
     it was read from; `paper` where the claim takes the paper's number from the row itself; `band_pct`
-    its band (artifacts/judged_bands.py): a row's own, the sum of a ratio's two, the widest of an
+    its band (artifacts/judging/judged_bands.py): a row's own, the sum of a ratio's two, the widest of an
     aggregate's rows; None where a row read has none."""
 
     value: float
@@ -118,7 +118,7 @@ def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, fitted: b
 
 def over_judged(table: str, pattern: str, how: str = "mean", scale: float = 1.0) -> Reader:
     """scale x the mean or max of `ours` over the judged and fitted rows whose key matches `pattern`
-    (fitted where one of them is: the claim then shows its worst reading, artifacts/claims.py)."""
+    (fitted where one of them is: the claim then shows its worst reading, artifacts/claims/claims.py)."""
 
     def read(tables: Tables) -> Reading | str:
         df = _table(tables, table)

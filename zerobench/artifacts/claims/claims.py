@@ -3,7 +3,7 @@ number, ours, where ours comes from and a verdict.
 
 Only the claim is declared here: its sentence, its section, where the paper's number stands in
 paper_reference.csv, the tolerance, and how ours is read from the artifacts' tables
-(results/<artifact>.csv, read by artifacts/claim_readers.py). Every number of ours is computed
+(results/<artifact>.csv, read by artifacts/claims/claim_readers.py). Every number of ours is computed
 from those tables when the ledger is built; nothing of ours is typed in.
 
 Verdict (`verdict`): `reproduced` where ours misses the paper's number by at most the tolerance,
@@ -14,7 +14,7 @@ claim's `holds_on` (superlinear: the lowest of its interleaved rounds); `refuted
 testable here` where a table, a row or the paper's number is absent, and where ours is read from a
 fitted point that the model cannot read without its choice and that reproduces: that shows the fit,
 not the model (common.ROLES); such a point that misses gives its miss. Where it can
-(artifacts/choice_readings.py: the row without the choice), the claim shows both readings and takes
+(artifacts/judging/choice_readings.py: the row without the choice), the claim shows both readings and takes
 the worse verdict (`WORSE`).
 """
 
@@ -30,8 +30,8 @@ import pandas as pd
 
 from zerobench.artifacts.claims.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
 from zerobench.artifacts.judging.common import JUDGED, error_pct
+from zerobench.paper_reference import load_paper_reference
 from zerobench.perfmodel.choices import reversible
-from zerobench.results import load_paper_reference
 
 REPRODUCED, PARTLY, REFUTED, UNTESTABLE = "reproduced", "partly", "refuted", "not testable here"
 VERDICTS = (REPRODUCED, PARTLY, REFUTED, UNTESTABLE)
@@ -95,9 +95,9 @@ def _ref(artifact: str, metric: str, per: PaperRef | None = None, **where) -> Pa
     return PaperRef(artifact, metric, tuple((k, str(v)) for k, v in where.items()), per)
 
 
-# the measured superlinear pair (artifacts/superlinear.py): per-rank throughput at N_d 2 over N_d 1
+# the measured superlinear pair (artifacts/tables/superlinear.py): per-rank throughput at N_d 2 over N_d 1
 _SL, _SL_ROW = "superlinear", "P_os+g+p N_d=2: largest micro-batch that fits"
-# the emulated superlinear line (artifacts/superlinear_emulated.py): one rank of N_d 2 over one of N_d 1
+# the emulated superlinear line (artifacts/tables/superlinear_emulated.py): one rank of N_d 2 over one of N_d 1
 _SLE, _SLE_ROW = "superlinear_emulated", "emulated P_os+g N_d=2"
 
 
@@ -333,7 +333,7 @@ def section(csv_path: str) -> str:
         "statement holds (e.g. superlinear: a per-GPU ratio above 1); **refuted**: neither; **not testable "
         "here**: a table, row or number is absent, or ours is read from a fitted point the model cannot read "
         "without its choice. A claim read from a row a choice was made on, where the model can undo the choice, "
-        "shows both readings and takes the worse. `band`: the band of the rows read (artifacts/judged_bands.py; "
-        f"a ratio's is the sum of its two). Verdicts: {counts}.",
+        "shows both readings and takes the worse. `band`: the band of the rows read "
+        f"(artifacts/judging/judged_bands.py; a ratio's is the sum of its two). Verdicts: {counts}.",
         "\n".join(lines),
     ])  # fmt: skip

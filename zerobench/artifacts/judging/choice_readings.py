@@ -2,7 +2,7 @@
 without it (`ours_without_choice`, `error_without_choice_pct`), for every choice of the ledger the
 model can undo (perfmodel/choices.py `without`: a trial field of the sheet, a Calibration field, or a
 field of the trial's hardware profile). `moved` names the rows a reversal moves: the test of the ledger.
-The claims ledger reads both and takes the worse verdict (artifacts/claims.py). Modelled records
+The claims ledger reads both and takes the worse verdict (artifacts/claims/claims.py). Modelled records
 only: a measured or traced record is what ran, and no switch of the model moves it."""
 
 from __future__ import annotations

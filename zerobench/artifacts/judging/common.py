@@ -15,8 +15,8 @@ import math
 
 import pandas as pd
 
+from zerobench.paper_reference import load_paper_reference
 from zerobench.perfmodel.choices import fitted_rows
-from zerobench.results import load_paper_reference
 
 _REF = None
 

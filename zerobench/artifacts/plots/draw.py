@@ -4,8 +4,8 @@ Ours are filled markers labelled with their source (measured / traced / modelled
 numbers hollow black markers labelled "paper", and the paper's formula a line where there is one.
 This module draws the measured CPU experiments, the generic comparison, and saves every figure;
 the paper-scale artifacts are drawn in their paper's form (artifacts/plots/paper.py), the scaling
-plots on log-2 axes (artifacts/plots/scaling.py), each named by its entry in
-artifacts/registry.py. matplotlib's Agg backend; no torch import.
+plots on log-2 axes (artifacts/plots/scaling.py), each artifact's by its entry in FIGURES, keyed
+as the table registry (tables/registry.py). matplotlib's Agg backend; no torch import.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from zerobench.artifacts.plots import paper, scaling  # noqa: E402
 from zerobench.artifacts.plots.bands import errorbar  # noqa: E402
 from zerobench.artifacts.plots.style import COLORS, MARKERS, PAPER  # noqa: E402
-from zerobench.artifacts.tables.registry import entry, resolve  # noqa: E402
 from zerobench.stages import STAGE_LABELS  # noqa: E402
 
 
@@ -167,10 +170,45 @@ def render(df: pd.DataFrame, draw, size: tuple[float, float], out, title: str = 
     plt.close(fig)
 
 
+@dataclass(frozen=True)
+class Figure:
+    """`draw(df, fig)` draws an artifact's table into a figure of `size` inches (None: ours beside
+    the paper's per row, its height by the rows)."""
+
+    draw: Callable
+    size: tuple[float, float] | None = (13, 5)
+
+
+FIGURES: dict[str, Figure] = {
+    "table1": Figure(paper.table1, (13, 8)),
+    "fig1": Figure(memory),
+    "comm_volume": Figure(comm, (8, 5)),
+    "fig9_loss": Figure(loss),
+    "capacity": Figure(capacity),
+    "model_vs_measured": Figure(compare, None),
+    "table2": Figure(paper.table2),
+    "fig2": Figure(paper.fig2),
+    "fig3": Figure(scaling.fig3),
+    "superlinear": Figure(scaling.superlinear),
+    "superlinear_emulated": Figure(scaling.superlinear_emulated),
+    "fig3_emulated": Figure(scaling.fig3_emulated),
+    "fig6_emulated": Figure(paper.fig6, (8, 5)),
+    "fig7_emulated": Figure(paper.fig7, (8, 5)),
+    "fig8_emulated": Figure(paper.fig8),
+    "fig5": Figure(paper.fig5, (8, 5)),
+    "fig6": Figure(paper.fig6, (8, 5)),
+    "fig7": Figure(paper.fig7, (8, 5)),
+    "fig8": Figure(paper.fig8),
+    "today": Figure(paper.today, (13, 6.5)),
+    "sweep": Figure(compare, None),
+}
+
+
 def plot(name: str, table, out, title: str = "") -> None:
-    """Draw artifact `name`'s figure (its entry in artifacts/registry.py) from its CSV `table`
-    into the PNG `out`."""
-    artifact = entry(name)
+    """Draw artifact `name`'s figure (its entry in FIGURES) from its CSV `table` into the PNG `out`."""
+    if name not in FIGURES:
+        raise ValueError(f"plot {name!r}: choose one of {sorted(FIGURES)}")
+    figure = FIGURES[name]
     df = pd.read_csv(table)
-    size = artifact.size or (8, max(4.5, 0.17 * len(df) + 1.5))  # the comparison: a bar per row
-    render(df, resolve(artifact.plot) if artifact.plot else compare, size, out, title)
+    size = figure.size or (8, max(4.5, 0.17 * len(df) + 1.5))  # the comparison: a bar per row
+    render(df, figure.draw, size, out, title)

@@ -1,7 +1,7 @@
 """results/REPORT.md: for each table and figure of the paper, the paper's numbers beside ours, the
 error, and a one-line verdict against the tolerance its workflow sheet sets. A verdict reads the
 judged rows alone; fitted, formula, reference and derived rows are counted and shown apart
-(artifacts/common.py, ROLES). No torch import."""
+(artifacts/judging/common.py, ROLES). No torch import."""
 
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def _condense_loss(df: pd.DataFrame) -> pd.DataFrame:
 
 def stats(df: pd.DataFrame, name: str = "table") -> dict:
     """The verdict's numbers: mean and max |error| % over the judged points alone (common.judged),
-    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/host_speed.py),
-    with how many of them spread past the tolerance across their runs (`noisy`, artifacts/noisy_rows.py:
+    less those whose every run was taken in a slow spell of the host (`slow`, artifacts/judging/host_speed.py),
+    with how many of them spread past the tolerance across their runs (`noisy`, artifacts/judging/noisy_rows.py:
     judged, and said); per other role its compared
     points and their mean |error| %, kept apart (`apart`)."""
     pts = judged(df, name)
@@ -260,8 +260,8 @@ def write_report(
     plans: tuple[str, list[str], str | None] | None = None,
 ) -> None:
     """REPORT.md from the workflow sheets and the tables named like them (results/<sheet>.csv), the
-    peers comparison and the paper's claims ledger (artifacts/claims.py) when their CSVs are given,
-    and the plan section (artifacts/plan_section.py) from `plans`: (the plan requests' sheet, their
+    peers comparison and the paper's claims ledger (artifacts/claims/claims.py) when their CSVs are given,
+    and the plan section (artifacts/report/plan_section.py) from `plans`: (the plan requests' sheet, their
     CSVs, the validation CSV or None)."""
     by_name = {Path(t).stem: t for t in tables}
     sections, summary, read = [], [], {}

@@ -7,7 +7,7 @@ measured largest is where the budget is crossed between the deepest trial that t
 shallowest deeper one that ran over, read off the line through their measured peak RSS growth:
 memory and parameters both grow linearly with depth, so the crossing is a size in parameters, not
 a whole number of layers. The model's largest is read the same way from its own predictions
-(artifacts/vs_measured.py), so the two compare at the same resolution.
+(artifacts/tables/vs_measured.py), so the two compare at the same resolution.
 """
 
 from __future__ import annotations

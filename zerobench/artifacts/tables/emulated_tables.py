@@ -1,6 +1,6 @@
 """The paper-scale emulated sheets' tables (`<artifact>_emulated`: one rank of the paper's world on
 one GPU, `source: emulated`, runtime/emulate.py): each built by its paper artifact's builder
-(artifacts/paper_tables.py) from the emulated records, each row then marked as what it is — its
+(artifacts/tables/paper_tables.py) from the emulated records, each row then marked as what it is — its
 memory and compute measured on this GPU, its collectives priced by the model — and judged against
 the paper, whatever the ledger of model choices says of the modelled row of the same key: no model
 choice produced an emulated number. Fig 3 keeps the modelled line of the same trials beside it

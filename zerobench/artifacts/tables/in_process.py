@@ -1,6 +1,6 @@
 """The paper's performance artifacts from the performance model, in one process: each sheet's
 modelled trials (workflows/config/sheets/<name>.yaml) predicted under a given calibration, then
-the sheet's table (its entry in zerobench/artifacts/registry.py). The workflow does the same through records on disk;
+the sheet's table (its entry in tables/registry.py). The workflow does the same through records on disk;
 the calibration fit (fitting/fit.py) calls `ARTIFACTS[name](cal)` many times over.
 
     python -m zerobench.artifacts.tables.in_process OUTDIR   # every CSV + per-figure MAPE and worst error
@@ -15,18 +15,18 @@ from pathlib import Path
 import pandas as pd
 
 from zerobench.artifacts.judging.common import mape
-from zerobench.artifacts.tables.registry import REGISTRY, entry, resolve
-from zerobench.engine.config import ConfigError
+from zerobench.artifacts.tables.registry import REGISTRY, entry
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.sweeps.groups import model_trial
 from zerobench.sweeps.sheets import load_sheet, sheet_trials
+from zerobench.trial.errors import REFUSED
 
 
 def modelled_table(name: str, cal: Calibration = DEFAULT) -> pd.DataFrame:
     """The sheet `name`'s table from its modelled trials, predicted under `cal`."""
     sheet = load_sheet(name)
     trials = [t for group in sheet_trials(sheet) for t in group if t["source"] == "modelled"]
-    return resolve(entry(sheet["table"]).table)([(t, model_trial(t, cal)) for t in trials])
+    return entry(sheet["table"]).table([(t, model_trial(t, cal)) for t in trials])
 
 
 def _has_modelled_trials(name: str) -> bool:
@@ -60,5 +60,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
-    except ConfigError as exc:
+    except REFUSED as exc:
         raise SystemExit(str(exc)) from exc

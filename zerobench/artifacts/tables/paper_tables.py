@@ -4,7 +4,7 @@ records of their sheets' trials, each point beside the paper's number.
 Each builder takes (trial, record) pairs in sheet order: the trial says what the sheet asked for
 (the listed batch, C1-C5, a label), the record what ran, modelled here or measured on a cluster.
 The rows carry `ours`, `paper`, `error_pct` = 100·(ours − paper)/paper, `source` and `role`
-(artifacts/common.py ROLES): `fitted` for the rows the ledger of choices names (perfmodel/choices.py),
+(artifacts/judging/common.py ROLES): `fitted` for the rows the ledger of choices names (perfmodel/choices.py),
 `formula` for Table 2's theory columns, `derived` for Fig 2's speed-ups and Fig 3's totals (with the
 rows they come from in `derived_from`), `judged` for the rest; verdicts read the judged rows only.
 The choices the paper made between trials are made here and said so: the faster of C4 and C5

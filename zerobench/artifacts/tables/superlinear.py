@@ -61,7 +61,7 @@ def table(pairs: list[tuple[dict, dict]]) -> pd.DataFrame:
     against N_d x the same round's one-rank tokens/s, `vs_linear_low_pct`/`_high_pct` their range
     (`tokens_per_s_low`/`_high`: the point's own range over the rounds);
     `slow_spell` where every round's run was in one (a pair in one round shares its spell).
-    Roles (artifacts/common.py): the one-rank `best` rows are the `reference` the others are
+    Roles (artifacts/judging/common.py): the one-rank `best` rows are the `reference` the others are
     compared with, the other `best` rows and every trial row are `judged` (none has an error: there
     is no paper number at this scale)."""
     trials = _trial_rows(pairs)

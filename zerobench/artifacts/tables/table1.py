@@ -24,7 +24,7 @@ from zerobench.engine.config import (
     PRESETS,
     ModelConfig,
 )
-from zerobench.results import load_paper_reference
+from zerobench.paper_reference import load_paper_reference
 from zerobench.stages import STAGE_LABELS
 
 GB = 1e9  # the paper's GB
@@ -73,7 +73,7 @@ def table1(traced: dict[Cell, int], built: dict[Cell, int] | None = None) -> pd.
 
     `traced` holds the engine's model-state bytes of the cells that were traced; the others are
     NaN in `traced_gb` and checked against the formula alone. `match` is True when the formula and
-    (where present) the trace print as the paper's cell. `role` (artifacts/common.py): `judged`
+    (where present) the trace print as the paper's cell. `role` (artifacts/judging/common.py): `judged`
     for a traced cell (the engine against the paper), `formula` for the others (the formula
     against the paper's own formula, which cannot miss but for the paper's rounding)."""
     ref = load_paper_reference()

@@ -9,17 +9,17 @@ collectives, optimizer) and the seconds the ledger measured in collectives per s
 is the measurement, `ours` the prediction, `error_pct` 100·(ours − expected)/expected.
 
 Terms of the profile fitted, not measured (FITTED_TERMS): `mp_sync_table`, what an MP all-reduce
-costs inside the engine's own MP steps beyond the model's collective curve (calibrate/engine_runs.py),
+costs inside the engine's own MP steps beyond the model's collective curve (microbench/engine_runs.py),
 a correction to the model's error taken from runs like the judged ones (at other shapes); and
 `runtime_bytes` / `checkpoint_runtime_bytes`, a tiny model's RSS growth over its first steps less
 its own tensors (calibrate's memory runs), fitted the same way for memory. Each row gives the
 prediction without them too (`ours_without_fitted`, `error_without_fitted_pct`); a row whose
-prediction they change has role `fitted` and names them (`fitted_terms`; artifacts/common.py), and
+prediction they change has role `fitted` and names them (`fitted_terms`; artifacts/judging/common.py), and
 no verdict reads it: the report gives the verdict without them beside (report.without_fitted).
 
 Each run carries the host speed probe (runtime/probe.py), compared with the profile's: a step row
 gives each run's host speed, sets aside the runs taken in a slow spell, and gives the step also
-normalized by the probe (`expected_normalized`, `error_normalized_pct`; artifacts/host_speed.py).
+normalized by the probe (`expected_normalized`, `error_normalized_pct`; artifacts/judging/host_speed.py).
 A row whose every run was in a slow spell is `slow_spell` and no verdict reads it (report.stats).
 
 The profile is $ZEROBENCH_PROFILE, else results/profiles/calibrated-<device>.json (the workflow's

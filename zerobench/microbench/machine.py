@@ -3,7 +3,7 @@ written as a measured hardware profile (perfmodel/profile_file.py) that `model`,
 the workflow take by path or name.
 
 Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
-- compute (zerobench/calibrate/kernel_bench.py), in the compute dtype the engine uses (fp32 on CPU,
+- compute (zerobench/microbench/kernel_bench.py), in the compute dtype the engine uses (fp32 on CPU,
   where 16-bit matmul is ~300x slower; bf16 on GPU): F.linear over a grid of shapes and the named
   kernels by size, forward and backward through autograd; the engine's Adam and clip per
   parameter; the cost of an op beside its arithmetic, and the ops a layer runs;
@@ -13,10 +13,10 @@ Terms and what measures them (docs/perfmodel.md, "Calibrated profiles"):
   / bandwidth fitted to it (beyond its largest message);
 - sync waits, in the same worlds: what a rank waits at a collective after the same compute as the
   others (`_sync_waits`); and what an MP all-reduce costs inside the engine's own MP steps beyond
-  the curve (zerobench/calibrate/engine_runs.py, CPU);
+  the curve (zerobench/microbench/engine_runs.py, CPU);
 - host↔device copies (GPU only): pinned copies, bytes/s;
 - the runtime's memory (CPU only): RSS a fresh process gains beyond its tensors (a tiny trial,
-  zerobench/calibrate/engine_runs.py), and what it gains more with activation checkpointing;
+  zerobench/microbench/engine_runs.py), and what it gains more with activation checkpointing;
 - concurrency (CPU only): the step's kernels on one core, alone and with every rank running.
 Every benchmark prints one progress line. About 5 minutes on two CPU cores (under 2 with `--passes 1`).
 """
@@ -34,9 +34,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from zerobench.calibrate.concurrency import concurrency_slowdown
-from zerobench.calibrate.engine_runs import MP_STEP_ROUNDS, mp_step_waits, runtime_bytes
-from zerobench.calibrate.kernel_bench import (
+from zerobench.clock import device_clock
+from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.parallel.topology import Group
+from zerobench.microbench.concurrency import concurrency_slowdown
+from zerobench.microbench.engine_runs import MP_STEP_ROUNDS, mp_step_waits, runtime_bytes
+from zerobench.microbench.kernel_bench import (
     GEMM_PASSES,
     gemm_table,
     kernel_table,
@@ -44,14 +47,11 @@ from zerobench.calibrate.kernel_bench import (
     op_overhead,
     timed,
 )
-from zerobench.clock import device_clock
-from zerobench.engine.config import ConfigError
-from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.parallel.topology import Group
 from zerobench.perfmodel.hardware import PROFILES, HardwareProfile
 from zerobench.perfmodel.profile_file import OPS, profile_dir, save
 from zerobench.runtime import probe
 from zerobench.runtime.devices import hardware_profile
+from zerobench.trial.errors import InputError
 
 COLLECTIVE_NUMEL = (2**8, 2**12, 2**16, 2**18, 2**20, 2**21)  # fp32 elements per message
 # Calls per message size, and the time kept is their mean, not their median: a step pays every
@@ -208,11 +208,11 @@ def calibrate(
     """Run every microbenchmark on this machine; return (profile, raw samples). `passes`: sweeps
     of the linear grid and of the kernels (each row their median; 1 for a quick smoke profile)."""
     if device not in ("cpu", "cuda"):
-        raise ConfigError(f"device={device!r}: must be cpu or cuda")
+        raise InputError(f"device={device!r}: must be cpu or cuda")
     if not isinstance(passes, int) or passes < 1:
-        raise ConfigError(f"passes={passes!r}: must be an integer >= 1")
+        raise InputError(f"passes={passes!r}: must be an integer >= 1")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda': no CUDA device is visible")
+        raise InputError("device='cuda': no CUDA device is visible")
     dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the engine's compute dtypes
     if device == "cpu":  # per core, as the workflow runs its ranks: one intra-op thread each (Snakefile)
         torch.set_num_threads(1)

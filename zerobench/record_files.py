@@ -1,6 +1,5 @@
-"""Records on disk (one JSON object each; the columns are zerobench/trial/record.py's `TrialRecord`) and
-the paper's reference numbers. This module imports no torch, so the workflow's aggregate and
-report steps stay light.
+"""Records on disk: one JSON object each, whose columns are zerobench/trial/record.py's `TrialRecord`.
+This module imports no torch, so the workflow's aggregate and report steps stay light.
 """
 
 from __future__ import annotations
@@ -8,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from importlib import resources
 from pathlib import Path
 
 
@@ -26,14 +24,3 @@ def write_record(record: dict, path: str | os.PathLike) -> None:
 def read_record(path: str | os.PathLike) -> dict:
     with open(path) as f:
         return json.load(f)
-
-
-def paper_reference_path() -> Path:
-    return Path(str(resources.files("zerobench") / "data" / "paper_reference.csv"))
-
-
-def load_paper_reference():
-    """The paper's numbers (paper.md §11) as a DataFrame: for overlays and error columns only."""
-    import pandas as pd
-
-    return pd.read_csv(paper_reference_path())

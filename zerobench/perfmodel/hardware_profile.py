@@ -29,11 +29,11 @@ class HardwareProfile:
     # other GEMMs run on the CUDA cores at `unaligned_flops`. CUDA 11+ pads instead (align 1).
     tensor_core_align: int = 1
     unaligned_flops: float | None = None
-    # --- measured by `zerobench calibrate` (zerobench/calibrate/machine.py); empty in datasheet profiles ---
+    # --- measured by `zerobench calibrate` (zerobench/microbench/machine.py); empty in datasheet profiles ---
     measured: bool = False  # rates are achieved rates: the model applies no efficiency to them
     # ((tokens m, fan-out n, fan-in k, forward FLOP/s, backward FLOP/s), ...): F.linear per shape
     gemm_table: tuple = ()
-    # ((kernel, size, forward s, backward s), ...): the named kernels (calibrate/kernel_bench.py) by size,
+    # ((kernel, size, forward s, backward s), ...): the named kernels (microbench/kernel_bench.py) by size,
     # the optimizer's `adam` and `clip` among them (size: parameters updated; forward: the step)
     kernel_table: tuple = ()
     op_overhead_s: float = 0.0  # seconds an op costs beside its arithmetic (forward or backward)
@@ -48,9 +48,9 @@ class HardwareProfile:
     # ((group size, seconds of compute between two syncs, seconds a rank waits at the sync), ...)
     sync_table: tuple = ()
     # ((MP group size, seconds of compute between two MP all-reduces, seconds each takes in a
-    # training step beyond its measured curve), ...): the engine's own MP steps (calibrate/engine_runs.py).
+    # training step beyond its measured curve), ...): the engine's own MP steps (microbench/engine_runs.py).
     # Fitted, not measured: the model's own error on those steps, so a prediction it changes is not
-    # judged (artifacts/vs_measured.py shows each row without it; docs/perfmodel.md, "Calibration")
+    # judged (artifacts/tables/vs_measured.py shows each row without it; docs/perfmodel.md, "Calibration")
     mp_sync_table: tuple = ()
     ranks_share_compute: bool = False  # a CPU host: rates per core; ranks past its cores share them; fp32 compute
     # Bytes never usable per device; None: the CUDA context and allocator reserve of constants.py.

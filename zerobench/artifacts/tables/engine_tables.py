@@ -1,29 +1,19 @@
-"""Records -> one artifact's table (results/<artifact>.csv).
-
-Every table has the columns the report reads: `key`, `source` (measured / traced / modelled),
-`status`, `ours`, `paper` (the paper's number where it has one for this point), `expected` (the
-paper's formula evaluated at our scale, where there is one), `error_pct` (against `paper` where
-present, else against `expected`) and `reference` (what the error is measured against). Paper
-numbers are references only. The paper's performance artifacts (table2, fig2, ...) are built by
-zerobench.artifacts.tables.paper_tables from their records and sheets. No torch import.
+"""The engine's own artifacts' tables: its model states per rank (Fig 1) and Table 1 cell by cell
+(§5), its collective volume per stage (§7), its loss beside the single-process run's (Fig 9), and a
+sweep of your own; each from its records, with the columns every table has (tables/build.py). No
+torch import.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
-from zerobench.artifacts.judging import choice_readings, judged_bands
 from zerobench.artifacts.judging.common import error_pct, state_bytes
-from zerobench.artifacts.tables import registry
 from zerobench.artifacts.tables.table1 import table1 as table1_cells
 from zerobench.artifacts.tables.table1 import traced_build_cells, traced_cells
 from zerobench.memory import BYTES_PER_PARAM, total_model_state_bytes
-from zerobench.perfmodel.hardware import get_profile
-from zerobench.results import load_paper_reference, read_record
+from zerobench.paper_reference import load_paper_reference
 from zerobench.stages import STAGE_LABELS, rule
-from zerobench.sweeps import sheets
 
 TABLE1_PSI_B = 7.5  # the paper's Fig 1 / Table 1 example model, billions of parameters
 
@@ -119,7 +109,7 @@ def loss(records: list[dict]) -> pd.DataFrame:
 
 
 def table1(records: list[dict]) -> pd.DataFrame:
-    """Table 1 cell by cell (zerobench.artifacts.tables.table1): the engine's traced bytes where a traced record
+    """Table 1 cell by cell (tables/table1.py): the engine's traced bytes where a traced record
     has the cell, else the formula's, beside the paper's printed cell; the traced construction peak
     beside it (`build_gb`)."""
     df = table1_cells(traced_cells(records), traced_build_cells(records))
@@ -156,39 +146,3 @@ def sweep(records: list[dict]) -> pd.DataFrame:
             error_band_pct=r.get("error_band_pct"),  # the regime's band: judged_bands.add reads it into band_pct
         ))  # fmt: skip
     return pd.DataFrame(rows)
-
-
-def record_paths(paths: list[str]) -> list[Path]:
-    """Record files; a directory (a modelled group's) stands for the records in it, by name."""
-    out = []
-    for p in map(Path, paths):
-        out += sorted(p.glob("*.json")) if p.is_dir() else [p]
-    return out
-
-
-def build(name: str, paths: list[str], sheet: str | None = None, profile: str | None = None) -> pd.DataFrame:
-    """The table of artifact `name` from the record files (or modelled groups' directories) at
-    `paths`, in the order of the trials of `sheet` (name or path), joined to them by file name
-    (<trial id>.json) where the artifact needs its trials; `profile`: the calibrated profile."""
-    artifact = registry.entry(name)
-    files = record_paths(paths)
-    if not files:
-        raise ValueError(f"table {name}: needs record files")
-    if artifact.needs_profile and not profile:
-        raise ValueError(f"table {name}: needs --profile (the calibrated profile it predicts from)")
-    extra = (get_profile(str(profile)),) if artifact.needs_profile else ()
-    if sheet is None:
-        if artifact.joins_trials:
-            raise ValueError(f"table {name}: needs --sheet (its trials say what each record was asked for)")
-        return judged_bands.add(registry.resolve(artifact.table)([read_record(p) for p in files], *extra))
-    trials = sheets.trials_by_id(sheets.load_sheet(sheet))
-    unknown = [p.name for p in files if p.stem not in trials]
-    if unknown:
-        raise ValueError(f"table {name}: records of no trial in {sheet}: {unknown[:3]}")
-    rank = {tid: i for i, tid in enumerate(trials)}
-    files.sort(key=lambda p: rank[p.stem])  # the sheet's order
-    if artifact.joins_trials:
-        builder, pairs = registry.resolve(artifact.table), [(trials[p.stem], read_record(p)) for p in files]
-        table = choice_readings.add(name, lambda ps: builder(ps, *extra), pairs, builder(pairs, *extra))
-        return judged_bands.add(table)
-    return judged_bands.add(registry.resolve(artifact.table)([read_record(p) for p in files], *extra))
