@@ -26,8 +26,11 @@ def _script(tmp_path, *args, **env) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_the_script_passes_under_gloo_at_two_ranks(tmp_path):
+    """The GPU node check's script under gloo (about 14 s); its gates are tested in process below,
+    so it runs in CI only."""
     done = _script(tmp_path, "2")
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads((tmp_path / "cpu-x2" / "node_check.json").read_text())
@@ -38,7 +41,9 @@ def test_the_script_passes_under_gloo_at_two_ranks(tmp_path):
     assert (tmp_path / "cpu-x2" / "versions.txt").exists()
 
 
+@pytest.mark.ci
 def test_a_rank_that_fails_fails_the_script(tmp_path):
+    """Runs the node check's script (about 10 s), so it runs in CI only."""
     done = _script(tmp_path, "2", NODE_CHECK_GATES="parity,nonsense")
     assert done.returncode != 0
     assert "nonsense" in done.stdout + done.stderr

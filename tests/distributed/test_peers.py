@@ -62,8 +62,11 @@ def runner_spec(spec, **train):
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_torch_peers_and_our_stages_agree_on_every_loss(tiny_world):
+    """The peers (DDP, ZeroRedundancyOptimizer, FSDP2) in one spawned world (about 20 s); our
+    stages' parity with a single process is tested in test_zero_stages, so it runs in CI only."""
     spec, out = tiny_world
     ours = out[0]["ours-0"]["losses"]
     # anchored to plain single-process training over the whole global batch
@@ -74,10 +77,14 @@ def test_torch_peers_and_our_stages_agree_on_every_loss(tiny_world):
             assert abs(a - b) / abs(b) < 1e-5, impl
 
 
+@pytest.mark.ci
 def test_observer_agrees_with_our_ledger(tiny_world):
     """The observer sees at torch.distributed's Python API what our Comms ledger records: the
     all-reduces as they are, and reduce-scatters and all-gathers (a pairwise exchange on gloo) as
-    point-to-point sends of exactly the ring volume (n−1)/n of their message bytes."""
+    point-to-point sends of exactly the ring volume (n−1)/n of their message bytes.
+
+    Reads the peers' spawned world (about 20 s, shared with the loss check); our ledger's bytes are
+    tested exactly in test_comms and test_stage_rules, so it runs in CI only."""
     _, out = tiny_world
     for impl in ("ours-0", "ours-1", "ours-2", "ours-3"):
         seen, ledger = out[0][impl]["observed"], out[0][impl]["ledger"]
@@ -201,8 +208,11 @@ def test_ratios_table_and_figure(tmp_path):
     assert set(summary.losses_of(csv)) == {"floor", "floor-concurrent", "ours-0", "ddp", "fsdp2-reshard"}
 
 
+@pytest.mark.ci
 def test_concurrent_floor_trains_the_floor_on_every_rank_at_once():
-    """dp processes, each training the one-rank floor alone: the floor's losses, no collective."""
+    """dp processes, each training the one-rank floor alone: the floor's losses, no collective.
+
+    Spawns dp processes for the peers comparison's floor (about 9 s), so it runs in CI only."""
     spec = runner_spec(spec_for("tiny", dp=2, steps=2), warmup=1)
     floor = runner.run_floor(spec, log=lambda _: None)
     concurrent = runner.run_floor_concurrent(spec, log=lambda _: None)

@@ -26,11 +26,14 @@ def _spec(model="awkward", **train):
     return dataclasses.replace(spec, train=dataclasses.replace(spec.train, **train))
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_one_device_peers_run_through_the_command(tmp_path):
     """`zerobench peers` at world size 1 on CPU: no floors and no bounds, every row measured
     in its own process with TFLOPS by the step-FLOPs convention; the plain loop and FSDP2 train to
-    ours' losses; ratios ours / peer at the same stage; the table and figure written."""
+    ours' losses; ratios ours / peer at the same stage; the table and figure written.
+
+    Each peer in a process of its own (about 13 s), so it runs in CI only."""
     csv, png = tmp_path / "peers.csv", tmp_path / "peers.png"
     argv = ["peers", "--model", "tiny", "--steps", "2", "--warmup", "1", "--checkpoint-activations",
             "--impls", "ours-0,plain,fsdp2-reshard", "--out", str(csv), "--figure", str(png)]  # fmt: skip

@@ -45,7 +45,9 @@ def _spec(model: str, dp: int, mp: int, stage: int, precision: str = "fp16") -> 
 @pytest.mark.parametrize(
     "model, dp, mp, stage, states_gb",
     [
-        ("gpt-100b", 25, 16, 2, 16.2),  # the paper's 100B run on 400 GPUs: 404 GB per rank when built whole
+        # the paper's 100B run on 400 GPUs: 404 GB per rank when built whole; its 125 layers trace in
+        # about 17 s, so CI runs it (the ci marker) and the two below hold the bound everywhere
+        pytest.param("gpt-100b", 25, 16, 2, 16.2, marks=pytest.mark.ci),
         ("gpt-1.5b", 64, 1, 3, 0.389),  # 6.87 GB per rank when built whole
         ("table1-1t", 1024, 1, 3, 15.6),  # Table 1's 1T at N_d = 1024
     ],

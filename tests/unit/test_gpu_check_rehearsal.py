@@ -40,8 +40,11 @@ def _rehearse(monkeypatch, tmp_path, card: str, stand_in: dict, **changes) -> tu
     return rc, (out / "summary.txt").read_text().strip(), out
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("card", CARDS)
 def test_the_check_passes_on_each_card_with_what_fits_it(monkeypatch, capsys, tmp_path, card):
+    """The whole check rehearsed per card (about 7 s each); every gate is seen failing in the fault-
+    injection test, which runs everywhere, so this runs in CI only."""
     rc, last, out = _rehearse(monkeypatch, tmp_path, CARDS[card], {})
     log = capsys.readouterr().out
     assert rc == 0, log
@@ -90,10 +93,14 @@ def test_no_device_stops_the_check_at_the_pre_flight(monkeypatch, capsys, tmp_pa
     assert "FAILED at pre-flight — device: no CUDA device is available here" in capsys.readouterr().out
 
 
+@pytest.mark.ci
 def test_three_cards_plan_dp_6b_by_its_real_trace_with_cuda_semantics(tmp_path):
     """dp-6b at micro-batch 1, stage 0, traced as the check traces it (`zerobench trace` with the
     trial's device, cuda: bf16 compute): 97.7 GB, which an 80 GB card and a 48 GB card without a
-    profile cannot hold (skipped, and why) and a 141 GB card can (planned)."""
+    profile cannot hold (skipped, and why) and a 141 GB card can (planned).
+
+    A real dp-6b trace (about 20 s); the planning against a card's memory is tested with stand-in
+    traces above, so it runs in CI only."""
     values = trial("dp-6b", 0, 1)
     (traced,) = trace_all([values], tmp_path, timeout=300, workers=1)
     assert traced["status"] == "ok" and traced["precision"] == "bf16" and traced["device"] == "cuda"

@@ -349,10 +349,14 @@ def test_an_interleaved_group_starts_each_run_as_run_trial_does(tmp_path, monkey
         interleave.run_group([dict(source="measured", model="tiny")], tmp_path, "cpu", 0, "")
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_an_interleaved_sheet_runs_and_compares_each_round(tmp_path):
     """`zerobench sweep` on an interleaved group trains each trial once per round, then the
-    superlinear table pairs N_d 1 and 2 within each round."""
+    superlinear table pairs N_d 1 and 2 within each round.
+
+    Four real measured trials in rounds (about 25 s): the interleaving's order and pairing have fast
+    tests above, so it runs in CI only."""
     base = dict(model="tiny", precision="bf16", steps=1, warmup=1)
     path = _sheet(tmp_path, [dict(source="measured", base=base, grid=dict(dp=[1, 2]), interleave=2)], "superlinear")
     out = tmp_path / "runs"

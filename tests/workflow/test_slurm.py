@@ -28,10 +28,14 @@ def _zerobench_run(out, env):
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_two_slurm_tasks_join_one_world_as_the_launcher_does(tmp_path):
     """Two processes with the variables `srun -n 2` gives its tasks train the trial the launcher
-    trains alone: same losses, same model-state bytes."""
+    trains alone: same losses, same model-state bytes.
+
+    Two real ranks joined from SLURM's variables (about 20 s); the variables' parsing is tested in
+    test_slurm_env, so it runs in CI only, beside the real one-node cluster."""
     with socket.socket() as s:  # a free port for this test's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

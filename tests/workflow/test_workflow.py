@@ -171,8 +171,12 @@ def _check_smoke_benchmark(tmp_path: Path) -> None:
     assert out.stderr.count("CHANGED") == 2
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_smoke_run_writes_parseable_results(tmp_path):
+    """The whole smoke workflow end to end (about 100 s on two cores): its tables, claims, report
+    and gate have fast tests of their own (test_tables, test_claims, test_report_verdicts,
+    test_smoke_gate), so it runs in CI only."""
     # The committed calibrated profile stands in for a calibration (minutes of microbenchmarks, the
     # `calibrate` rule's own test is tests/unit/test_calibrate.py): the run plans no calibrate job.
     profile = tmp_path / "results/profiles/calibrated-cpu.json"
