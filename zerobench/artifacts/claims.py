@@ -345,8 +345,8 @@ def section(csv_path: str) -> str:
     df = pd.read_csv(csv_path)
     counts = ", ".join(f"{int((df.verdict == v).sum())} {v}" for v in VERDICTS if (df.verdict == v).any())
     fitted = df.basis.astype(str).str.contains("fitted")
-    lines = ["| claim | section | paper | ours | source | role | error % | band ±% | tolerance % | verdict | read from |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| claim | section | paper | ours | source | role | error % | band ±% | tolerance % | verdict "
+             "| read from |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, r in df.astype(object).where(df.notna(), None).iterrows():
         paper = f"{r.paper_bound or ''}{_num(r.paper)} ({r.paper_kind})"
         read_from = "; ".join(t for t in (r.basis, r.note) if t) or "-"
