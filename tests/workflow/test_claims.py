@@ -259,6 +259,18 @@ def test_a_miss_inside_our_band_is_consistent_and_only_one_outside_it_refuted():
     assert (fitted.verdict, fitted.role) == (CONSISTENT, "fitted") and "a miss on a fitted row stands" in fitted.note
 
 
+def test_a_stated_direction_is_a_bound():
+    """'C5 does not lower the memory below C4's': C5 over C4 at least 1, no tolerance past it."""
+    claim = next(c for c in CLAIMS if c.name == "fig6_40b_c5_no_drop")
+    assert claim.bound == ">"
+    got = _ledger().loc["fig6_40b_c5_no_drop"]  # 9 / 10: a 10 % drop
+    assert (got.paper_bound, got.verdict) == (">", REFUTED)
+    flat = _move(_tables(), "fig6", "40B C5", 10.0, column="traced_allocated_gib")
+    assert _ledger(flat).loc["fig6_40b_c5_no_drop", "verdict"] == REPRODUCED
+    with pytest.raises(ValueError, match="bound"):
+        dataclasses.replace(claim, bound=">=")
+
+
 def test_role_and_basis_say_judged_or_fitted():
     got = _ledger()
     assert got.loc["table1_1t_1024", "role"] == "judged" and "(judged)" in got.loc["table1_1t_1024", "basis"]

@@ -92,11 +92,17 @@ def heldout_section(results: Path) -> str | None:
                 "which was not designed on them; the third after the model's memory became the engine's, which moves "
                 "memory verdicts only."),
         _sensitivity(Path(results) / "external_sensitivity.csv"),
-        f"**Out of memory, says the model, for {len(oom)} of the {len(expressed)} expressed holdout runs**, all "
+        f"**Out of memory, says the model, for {len(oom)} of the {len(expressed)} expressed runs entered as "
+        f"holdout** ({len(unseen)} holdout, {len(seen)} now validation; of each: {_by_role(oom)}), all "
         "of which trained (at the earlier scorings: " + ", ".join(f"{n} at {rev}" for rev, n in earlier) + "):"
         + ("\n" + "\n".join(oom_lines) if oom_lines else " none."),
         _bands_table(results),
     ])  # fmt: skip
+
+
+def _by_role(runs: pd.DataFrame) -> str:
+    """'k holdout, m validation': how many of `runs` have each role."""
+    return ", ".join(f"{int((runs.role == r).sum())} {r}" for r in ("holdout", "validation"))
 
 
 def _expressed(df: pd.DataFrame) -> pd.DataFrame:
