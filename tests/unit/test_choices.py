@@ -1,9 +1,16 @@
 """The ledger of model choices (perfmodel/choices.py) is where every `fitted` label comes from: each
-choice the model can undo, reverted, moves exactly the rows the ledger names, and a claim read from
-such a row shows both readings (artifacts/claims/claims.py)."""
+choice the model can undo, reverted, moves exactly the rows the ledger names; every field of
+Calibration and of a hardware profile is set by a choice, sourced, or moves no paper row (so a switch
+left off the ledger fails); and a claim read from such a row shows both readings (artifacts/claims/claims.py).
+
+Pricing the paper's tables again is the cost here: the committed records are read once per module,
+each table's rows priced again once per change, and the model's collective schedules and their prices
+are cached across changes (perfmodel/schedule.py, network.py), so a change that moves no memory is
+priced in about a second."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -17,6 +24,9 @@ from zerobench.artifacts.tables import registry
 from zerobench.artifacts.tables.build import record_paths
 from zerobench.fitting import external
 from zerobench.perfmodel import choices
+from zerobench.perfmodel.constants import DEFAULT, Calibration
+from zerobench.perfmodel.hardware import get_profile
+from zerobench.perfmodel.hardware_profile import HardwareProfile
 from zerobench.perfmodel.implementation import PROFILES
 from zerobench.record_files import read_record
 from zerobench.sweeps import sheets
@@ -39,16 +49,59 @@ def paper_pairs():
     return {name: _pairs(name) for name in PAPER}
 
 
+def _moved(changes: dict, paper_pairs) -> set[tuple[str, str]]:
+    """The paper tables' rows whose prediction `changes` move (choice_readings.moved), over every table."""
+    got = set()
+    for name, pairs in paper_pairs.items():
+        builder = registry.resolve(registry.entry(name).table)
+        got |= {(name, key) for key in choice_readings.moved(builder, pairs, changes)}
+    return got
+
+
 @pytest.mark.parametrize("choice", [c for c in choices.CHOICES if c.without], ids=lambda c: c.name)
 def test_a_reverted_choice_moves_exactly_the_rows_the_ledger_names(choice, paper_pairs):
     """Each undoable choice reverted (`without`): the rows of the paper's tables whose prediction moves,
-    computed, are the ones the ledger names (`rows` and `carriers`), no more and no fewer."""
-    got = set()
-    for name, pairs in paper_pairs.items():
-        builder = registry.entry(name).table
-        got |= {(name, key) for key in choice_readings.moved(builder, pairs, dict(choice.without))}
-    named = {row for row in choice.rows + choice.carriers if row[0] in PAPER}
-    assert got == named
+    computed, are the ones the ledger names (`rows`, `carriers` and `moves`), no more and no fewer."""
+    named = {row for row in choices.named_rows(choice) if row[0] in PAPER}
+    assert _moved(dict(choice.without), paper_pairs) == named
+
+
+# Every field of the two types the model is priced from, and the paper's hardware they are read on
+FIELDS = [f.name for f in dataclasses.fields(Calibration)] + [f.name for f in dataclasses.fields(HardwareProfile)]
+V100 = get_profile("v100-32gb-dgx2")
+
+
+def _moved_by_each(fields: list[str]) -> dict:
+    """Each field moved off its value (a switch flipped, a number x1.5): a change that moves a paper
+    row wherever the field reaches the model at all."""
+    out = {}
+    for f in fields:
+        value = getattr(DEFAULT, f) if hasattr(DEFAULT, f) else getattr(V100, f)
+        if isinstance(value, bool):
+            out[f] = not value
+        elif isinstance(value, int | float) and value:
+            out[f] = value * 1.5
+        else:  # a table, a name, an empty value: it has no nearby value to move to
+            raise AssertionError(f"field {f}={value!r}: set it by a choice of the ledger or say its source (SOURCED)")
+    return out
+
+
+def test_every_field_is_on_the_ledger_sourced_or_moves_no_paper_row(paper_pairs):
+    """The ledger is complete by construction: the fields no choice sets and no source gives, moved all
+    at once, move no row of the paper's tables; a switch added and left off the ledger would."""
+    assert choices.on_ledger() | set(choices.SOURCED) <= set(FIELDS), "a ledger or SOURCED field that does not exist"
+    left = choices.unaccounted(FIELDS)
+    assert {"zero_os_stage1", "memory_bytes", "cuda_context_bytes"} <= choices.on_ledger()
+    assert not _moved(_moved_by_each(left), paper_pairs), f"fields off the ledger move paper rows: {left}"
+
+
+def test_a_switch_left_off_the_ledger_fails_the_walk(paper_pairs, monkeypatch):
+    """The walk bites: with `overlap_grad_reduce off` struck from the ledger, its field is unaccounted
+    and, moved with the others, moves the rows it was chosen on."""
+    monkeypatch.setattr(choices, "CHOICES", tuple(c for c in choices.CHOICES if "overlap_grad_reduce" not in c.fields))
+    left = choices.unaccounted(FIELDS)
+    assert "overlap_grad_reduce" in left
+    assert _moved(_moved_by_each(left), paper_pairs) >= set(choices._OVERLAP)
 
 
 def test_a_choice_naming_no_row_must_say_why():

@@ -106,17 +106,6 @@ def test_a_wrong_model_moves_the_coverage():
     assert shuffled - {base}
 
 
-def test_the_coverage_sentence_tests_the_declared_coverage_or_says_too_few():
-    from zerobench.artifacts.report.heldout import MIN_COUNTED, at_most_p, coverage_text
-
-    assert MIN_COUNTED == 2 and at_most_p(0, 2) == pytest.approx(0.04) and at_most_p(13, 13) == pytest.approx(1.0)
-    check = pd.DataFrame(dict(source="h", inside=[True] * 6 + [False] * 7))
-    assert "6 of 13" in coverage_text(check) and "so the count fails the declared" in coverage_text(check)
-    assert "is consistent with" in coverage_text(check.assign(inside=True))
-    few = coverage_text(check.head(1))
-    assert "too few runs to check" in few and "of 1" not in few
-
-
 def test_committed_bands_follow_from_the_recorded_runs(tmp_path):
     """zerobench/data/error_bands.csv and results/external_coverage.csv are what the writer makes of
     results/external_loso.csv and results/external_holdout.csv: no band typed in by hand."""

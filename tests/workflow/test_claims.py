@@ -14,6 +14,7 @@ import pytest
 from zerobench.artifacts.claims import claims as cl
 from zerobench.artifacts.claims.claims import (
     CLAIMS,
+    CONSISTENT,
     PARTLY,
     REFUTED,
     REPRODUCED,
@@ -227,6 +228,61 @@ def test_a_fitted_row_in_an_aggregate_can_only_sink_it():
     assert "a miss on a fitted row stands" in _ledger(sunk).loc["fig8_zero_dp_over_40tf", "note"]
 
 
+def _banded(tables, table, pct=20.0, basis="pooled (46 validation runs, 90%)"):
+    """`table` with every row on a band of `pct` %."""
+    return {**tables, table: tables[table].assign(band_pct=pct, band_basis=basis)}
+
+
+def test_a_miss_inside_our_band_is_consistent_and_only_one_outside_it_refuted():
+    """A claim is refuted only where the paper's number lies outside ours ± our band: inside it, past
+    the tolerance, it reads consistent within our uncertainty, with the band named."""
+    assert verdict(115.0, 100.0, "", 10, band_pct=20.0)[0] == CONSISTENT
+    assert verdict(125.0, 100.0, "", 10, band_pct=20.0)[0] == REFUTED
+    assert verdict(125.0, 100.0, "", 10)[0] == REFUTED  # no band (measured, traced): the tolerance alone
+    assert verdict(105.0, 100.0, "", 10, band_pct=20.0)[0] == REPRODUCED  # the tolerance first
+    assert verdict(33.0, 38.0, ">", 10, band_pct=20.0)[0] == CONSISTENT  # -13 % to the bound
+    assert verdict(30.0, 38.0, ">", 10, band_pct=20.0)[0] == REFUTED  # -21 %
+    assert verdict(1.2, 1.43, "", 10, holds_above=1.0, band_pct=20.0)[0] == CONSISTENT  # before partly
+    assert verdict(1.1, 1.43, "", 10, holds_above=1.0, band_pct=20.0)[0] == PARTLY
+    base = _banded(_tables(), "table2")
+    inside = _move(base, "table2", "MP 16 P_os measured", 85.0)  # -15 %: past 10 %, inside 20 %
+    got = _ledger(inside).loc["table2_pos_mp16"]
+    assert (got.verdict, got.role, got.band_pct) == (CONSISTENT, "judged", 20.0)
+    assert "inside ours ±20.0 % (pooled (46 validation runs, 90%))" in got.note
+    outside = _ledger(_move(base, "table2", "MP 16 P_os measured", 75.0)).loc["table2_pos_mp16"]
+    assert outside.verdict == REFUTED and "outside ours ±20.0 %" in outside.note
+    # a ratio carries the sum of its two rows' bands
+    ratio = _ledger(_banded(_tables(), "fig3", 10.0)).loc["fig3_superlinear"]
+    assert ratio.band_pct == 20.0 and ratio.verdict == CONSISTENT  # 1.2 against 1.43: -16 %
+    # a fitted row's miss inside the band stands as consistent, its role fitted
+    fitted = _ledger(_banded(_move(_tables(), "fig2", "ZeRO 100B", 33.0), "fig2")).loc["fig2_100b_38tf"]
+    assert (fitted.verdict, fitted.role) == (CONSISTENT, "fitted") and "a miss on a fitted row stands" in fitted.note
+
+
+def test_a_stated_direction_is_a_bound():
+    """'C5 does not lower the memory below C4's': C5 over C4 at least 1, no tolerance past it."""
+    claim = next(c for c in CLAIMS if c.name == "fig6_40b_c5_no_drop")
+    assert claim.bound == ">"
+    got = _ledger().loc["fig6_40b_c5_no_drop"]  # 9 / 10: a 10 % drop
+    assert (got.paper_bound, got.verdict) == (">", REFUTED)
+    flat = _move(_tables(), "fig6", "40B C5", 10.0, column="traced_allocated_gib")
+    assert _ledger(flat).loc["fig6_40b_c5_no_drop", "verdict"] == REPRODUCED
+    with pytest.raises(ValueError, match="bound"):
+        dataclasses.replace(claim, bound=">=")
+
+
+def test_role_and_basis_say_judged_or_fitted():
+    got = _ledger()
+    assert got.loc["table1_1t_1024", "role"] == "judged" and "(judged)" in got.loc["table1_1t_1024", "basis"]
+    assert got.loc["fig8_zero_dp_over_40tf", "role"] == "fitted"
+    assert "rows (1 fitted, 2 judged)" in got.loc["fig8_zero_dp_over_40tf", "basis"]
+    assert "derived rows (2 of a fitted row, 4 of judged rows only)" in got.loc["fig2_10x_megatron", "basis"]
+    assert got.loc["fig6_40b_c5_no_drop", "role"] == "judged" and "no choice in it" in got.loc[
+        "fig6_40b_c5_no_drop", "basis"]  # fmt: skip
+    all_judged = _move(_tables(), "fig8", "ZeRO 2.5B", "judged", column="role")
+    assert _ledger(all_judged).loc["fig8_zero_dp_over_40tf", "basis"].startswith("fig8: mean over judged rows")
+
+
 def test_a_claim_needs_a_positive_tolerance():
     with pytest.raises(ValueError, match="tolerance_pct"):
         dataclasses.replace(CLAIMS[0], tolerance_pct=0)
@@ -237,5 +293,8 @@ def test_committed_ledger_is_built_from_the_committed_tables():
     committed = pd.read_csv(results / "claims.csv")
     built = cl.build(sorted(str(p) for p in results.glob("*.csv") if p.stem not in ("claims", "peers")))
     assert list(committed.claim) == list(built.claim)
-    assert list(committed.verdict) == list(built.verdict)
+    assert list(committed.verdict) == list(built.verdict) and list(committed.role) == list(built.role)
+    # no claim refuted with the paper's number inside our band
+    refuted = committed[(committed.verdict == REFUTED) & committed.band_pct.notna()]
+    assert (refuted.error_pct.abs() > refuted.band_pct).all()
     pd.testing.assert_series_equal(committed.ours, built.ours, check_exact=False, rtol=1e-9)

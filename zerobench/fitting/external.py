@@ -25,6 +25,7 @@ the recorded run's own role (`run_role`).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -93,10 +94,13 @@ def expressible(df: pd.DataFrame) -> pd.Series:
     return df.expressible.astype(str).str.strip() == "yes"
 
 
-def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, bool, int, str]:
+def _predicted(
+    r, cal: Calibration, implementation=None, without: tuple[str, ...] = ()
+) -> tuple[float | None, bool, int, str]:
     """(the row's metric as the model predicts it, fits, largest micro-batch, the memory it needs by
     term against what is usable, GB), under the row's `implementation` profile unless another is
-    given (a sensitivity variant)."""
+    given (a sensitivity variant); `without`: terms of the step time (Prediction fields, e.g.
+    `dp_comm_s`) left out, a model with a term removed (fitting/coverage_power.py)."""
     model = ModelConfig(layers=int(r.layers), hidden=int(r.hidden), heads=int(r.heads), seq=int(r.seq),
                         vocab=int(r.vocab), name=r.model)  # fmt: skip
     parallel = ParallelConfig(dp=int(r.gpus) // int(r.mp), mp=int(r.mp), stage=int(r.stage),
@@ -105,6 +109,7 @@ def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, 
     pred = predict(model, parallel, PrecisionConfig(r.precision, "cuda"), train, r.hardware,
                    cal=cal.replace(**CODE.get(r.source, {})), attention=r.attention,
                    implementation=implementation or r.implementation)  # fmt: skip
+    pred = dataclasses.replace(pred, **dict.fromkeys(without, 0.0))
     step = pred.step_time_s
     if r.metric == "step_time_s":
         value = step
@@ -118,14 +123,17 @@ def _predicted(r, cal: Calibration, implementation=None) -> tuple[float | None, 
     return value, pred.fits, pred.max_micro_batch, f"{mem.terms()}; {mem.usable_bytes / 1e9:.1f} usable"
 
 
-def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame | None = None) -> pd.DataFrame:
+def validate(
+    cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame | None = None, without: tuple[str, ...] = ()
+) -> pd.DataFrame:
     """Every row (of `rows`, else the file's fit and validation rows) with the model's prediction and
-    its error in % of the published value; a row the model cannot express gets none."""
+    its error in % of the published value (with the step time's `without` terms left out); a row the
+    model cannot express gets none."""
     df = load(path=path) if rows is None else rows.copy()
     df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)  # the trial field
     can = expressible(df)
     none = (float("nan"), False, 0, "")
-    out = [_predicted(r, cal) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]
+    out = [_predicted(r, cal, None, without) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]
     df["predicted"] = [o[0] for o in out]
     df["model_fits"] = [o[1] for o in out]
     df["model_max_micro_batch"] = [o[2] for o in out]

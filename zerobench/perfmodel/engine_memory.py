@@ -43,7 +43,7 @@ from functools import lru_cache
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.engine.zero.partition import MAX_IN_FLIGHT, FlatLayout
-from zerobench.perfmodel.hardware_profile import HardwareProfile
+from zerobench.perfmodel.hardware_profile import CUDA_CONTEXT_BYTES, HardwareProfile
 
 FP32 = 4  # bytes of an fp32 element: a CPU host's compute dtype, the loss's, Adam's, statistics'
 TOKEN = 8  # bytes of a token id (int64)
@@ -198,7 +198,7 @@ def engine_peak(
     # outside the caching allocator, on a GPU: the CUDA context and NCCL's communicators
     gpu = not hw.ranks_share_compute
     peak["outside"] = (
-        (CUDA_CONTEXT_BYTES + communicators(parallel.dp, parallel.mp) * nccl_allowance(hw)) if gpu else 0.0
+        (hw.cuda_context_bytes + communicators(parallel.dp, parallel.mp) * nccl_allowance(hw)) if gpu else 0.0
     )
     return peak
 
@@ -349,10 +349,6 @@ def tensor_peak(peak: dict[str, float]) -> float:
 # communicator on 4 NVLink A100s (NVIDIA/nccl#964), over 1 GB on H100/H200 nodes with NVLS
 # (NVIDIA/nccl#864). scripts/gpu_node_check.sh measures it on its node (docs/gpu.md).
 NCCL_COMMUNICATOR_BYTES = 2**30
-# The CUDA context a process creates on its device, outside the caching allocator: about 400 MB with
-# lazy module loading (CUDA >= 11.7; PyTorch's maintainers, pytorch/pytorch#109888). An assumption
-# until a device measures it (torch.cuda.mem_get_info before and after the first CUDA call).
-CUDA_CONTEXT_BYTES = 400e6
 
 
 # GPUs whose NVSwitch runs NVLink SHARP, where NCCL adds NVLS's buffers to each communicator
@@ -371,8 +367,8 @@ def nccl_allowance(hw: HardwareProfile) -> float:
 
 
 def outside_allocator_bytes(dp: int, mp: int) -> float:
-    """What a GPU rank of a dp × mp layout holds outside the caching allocator: the CUDA context and
-    NCCL's buffers per communicator (both assumptions, above)."""
+    """What a GPU rank of a dp × mp layout holds outside the caching allocator: the CUDA context
+    (profile.CUDA_CONTEXT_BYTES) and NCCL's buffers per communicator (both assumptions)."""
     return CUDA_CONTEXT_BYTES + communicators(dp, mp) * NCCL_COMMUNICATOR_BYTES
 
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
 from zerobench.perfmodel.constants import Calibration
-from zerobench.perfmodel.engine_memory import CUDA_CONTEXT_BYTES, engine_peak, initial_draw_bytes
 from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
+from zerobench.perfmodel.engine_memory import engine_peak, initial_draw_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.kernels import check_attention
 from zerobench.stages import rule
@@ -234,7 +234,7 @@ def engine_breakdown(
     parts = {k: peak[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes")}
     usable = hw.memory_bytes - peak["outside"] - allocator_bytes(hw, cal, parallel.contiguous_buffers)
     if hw.reserve_bytes is not None and not hw.ranks_share_compute:  # the driver's, measured on the card
-        usable -= max(0.0, hw.reserve_bytes - CUDA_CONTEXT_BYTES)
+        usable -= max(0.0, hw.reserve_bytes - hw.cuda_context_bytes)
     return MemoryBreakdown(
         **parts, checkpoint_bytes=peak["activations"], working_bytes=peak["transient"] + peak["prefetch"],
         buffer_bytes=peak["runtime"], reduce_transient_bytes=0.0, usable_bytes=usable,

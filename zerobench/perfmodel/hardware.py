@@ -11,8 +11,10 @@ Memory is each card's capacity as the driver reports it (NVML, `nvidia-smi`'s to
 H200 143,771 MiB (our own card, results/gpu/h200/nvidia-smi.txt), H100-SXM5-80GB 81,559 MiB,
 A100-SXM4-80GB 81,920 MiB = 80 GiB (NVML totals tabulated by Modal, "Why does an NVIDIA H100 80GB card
 offer 85.52 GB?", thundergolfer.com/blog/nvidia-gpu-memory-capacity). The V100 keeps 32 GiB although
-NVML reports 32,480 MiB for a V100 32GB (0.9 % less): its reserve is fitted on the paper's points
-with 32 GiB (constants.py FITTED), which absorbs the difference; docs/gpu.md.
+NVML reports 32,480 MiB for a V100 32GB (0.9 % less): its reserve, fitted on the paper's points with
+32 GiB, was to absorb the difference, but prices only other codes' runs since the paper's artifacts
+price this engine's memory, so the 32 GiB is an assumption on the ledger of choices (choices.py),
+reverted to NVML's total; docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import dataclasses
 
 from zerobench.gpus import peak_flops
 from zerobench.perfmodel import profile_file
-from zerobench.perfmodel.hardware_profile import GB, GiB, HardwareProfile
+from zerobench.perfmodel.hardware_profile import CUDA_CONTEXT_BYTES, GB, GiB, HardwareProfile
 from zerobench.trial.errors import InputError
 
 __all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "get_profile"]
@@ -32,7 +34,7 @@ MiB = 2**20
 # `zerobench calibrate --device cuda` into calibrated-cuda.json), 615 MiB; plus the CUDA context, about
 # 400 MB with lazy module loading (CUDA >= 11.7; PyTorch's maintainers, pytorch/pytorch#109888), not
 # measured there. At dp = 1 no NCCL communicator holds buffers.
-H200_RESERVE_BYTES = 143771 * MiB - 150_109_880_320 + 400e6
+H200_RESERVE_BYTES = 143771 * MiB - 150_109_880_320 + CUDA_CONTEXT_BYTES
 # The caching allocator's own: the largest peak reserved − peak allocated of the twelve H200 runs
 # (records' `fragmentation_bytes`: 0.05–2.28 GB; gpt-1.5b stage 3 micro-batch 16), in place of the
 # paper-fitted 10.5 % of the card, which is for 2020's allocator on a V100 without M_D.

@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 GiB = 2**30
 GB = 10**9
+# The CUDA context a process creates on its device, outside the caching allocator: about 400 MB with
+# lazy module loading (CUDA >= 11.7; PyTorch's maintainers, pytorch/pytorch#109888), over 1000 MB
+# before it, when every kernel was loaded at start (pytorch/pytorch#107667), as on the paper's CUDA 10.
+# An assumption until a device measures it (torch.cuda.mem_get_info before and after the first CUDA
+# call): on the ledger of choices (choices.py), reverted to 1000 MB.
+CUDA_CONTEXT_BYTES = 400e6
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class HardwareProfile:
     # NCCL's own device bytes per communicator, outside the allocator; None: engine_memory.py's
     # allowance for the GPU (`nccl_allowance`: with or without NVLS)
     nccl_communicator_bytes: float | None = None
+    cuda_context_bytes: float = CUDA_CONTEXT_BYTES  # the CUDA context, outside the allocator (a GPU's)
     # ((GEMM n, copy bytes, GEMM FLOP/s, bytes copied per s), ...): the host speed probe read at the
     # calibration's start and end (runtime/probe.py). The model never reads it: a measured trial's
     # probe over it says how fast the host ran beside that trial (docs/perfmodel.md)

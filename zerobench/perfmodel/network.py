@@ -26,6 +26,7 @@ reduce-scatters (2Ψ) as DeepSpeed's stage 1 of May 2020 did; ZeRO-OS of Feb 202
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -237,7 +238,16 @@ def dp_comm_times(
     group = ring(dp, mp, hw, cal)
     schedule = dp_schedule(params_per_rank, stage, grad_bytes, cal, micro_batches, modules, persistent,
                            reduce_bucket_elems)  # fmt: skip
+    # a datasheet group is hashable: a layout priced again (a search, a plan) is looked up, not summed
+    return _priced(group, schedule) if isinstance(group, Ring) else _price(group, schedule)
+
+
+def _price(group: Ring | Measured, schedule: tuple) -> tuple[float, float]:
+    """(overlappable, exposed) seconds of `schedule`'s calls on `group`."""
     price = {"all_reduce": group.all_reduce, "reduce_scatter": group.reduce_scatter, "all_gather": group.all_gather}
     reduce_s = sum(price[c.op](c.nbytes * c.calls, c.calls) for c in schedule if not c.exposed)
     exposed_s = sum(price[c.op](c.nbytes * c.calls, c.calls) for c in schedule if c.exposed)
     return reduce_s, exposed_s
+
+
+_priced = functools.lru_cache(maxsize=1 << 12)(_price)

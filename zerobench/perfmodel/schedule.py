@@ -8,6 +8,7 @@ above its persistence threshold. network.py prices each call (nccl_table.py for 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import NamedTuple
 
 from zerobench import stages as rules
@@ -56,19 +57,31 @@ def stage3_units(model: ModelConfig, mp: int, impl: Implementation) -> tuple[tup
 def dp_schedule(
     params_per_rank: float, stage: int, grad_bytes: int, cal: Calibration, micro_batches: int = 1,
     units: tuple[float, ...] = (), persistent: float = 0.0, reduce_bucket_elems: int = 0,
-) -> list[Call]:  # fmt: skip
+) -> tuple[Call, ...]:  # fmt: skip
     """One step's DP collectives, in the engine's order, from the stage's rule (stages.py): stages
     0-2 once a step over all Ψ' (P_os's reduce-scatter an all-reduce as ZeRO-OS had it, with
     `zero_os_stage1`); stage 3 per micro-batch and per gathered unit (`units`, elements; one unit of
     all of Ψ' if empty): its forward and backward all-gathers, and its gradient reduce-scatter, per
     unit or in `reduce_bucket_elems` buckets; elements kept whole (`persistent`) are reduce-scattered
     per micro-batch and gathered once after the step (zero/stage3.py)."""
+    return _schedule(params_per_rank, stage, grad_bytes, cal.zero_os_stage1, micro_batches, units, persistent,
+                     reduce_bucket_elems)  # fmt: skip
+
+
+# a deep model's stage 3 issues thousands of calls a step, and a search, a plan or the ledger's revert
+# test prices the same layout again and again: each schedule is made once (~100 kB an entry at most)
+@lru_cache(maxsize=1 << 10)
+def _schedule(
+    params_per_rank: float, stage: int, grad_bytes: int, zero_os_stage1: bool, micro_batches: int,
+    units: tuple[float, ...], persistent: float, reduce_bucket_elems: int,
+) -> tuple[Call, ...]:  # fmt: skip
+    """`dp_schedule`'s calls, of the one Calibration field it reads."""
     ops = rules.rule(stage).collectives
     msg = params_per_rank * grad_bytes  # Ψ' in the 16-bit (or fp32) storage dtype
     if stage < 3:
-        if stage == 1 and cal.zero_os_stage1:  # ZeRO-OS as first released: all-reduce, 1.5x volume
+        if stage == 1 and zero_os_stage1:  # ZeRO-OS as first released: all-reduce, 1.5x volume
             ops = ("all_reduce", "all_gather")
-        return [Call(op, msg, 1, op == "all_gather") for op in ops]
+        return tuple(Call(op, msg, 1, op == "all_gather") for op in ops)
     m, sizes = micro_batches, units or (params_per_rank,)
     out = []
     for op in ops:
@@ -81,4 +94,4 @@ def dp_schedule(
         # the model's stage 3 as it was (no call of it is hidden; docs/perfmodel.md)
         out += [Call("reduce_scatter", persistent * grad_bytes, m, False),
                 Call("all_gather", persistent * grad_bytes, 1, False)]  # fmt: skip
-    return out
+    return tuple(out)

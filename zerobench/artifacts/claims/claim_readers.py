@@ -1,8 +1,10 @@
 """How the claims ledger (artifacts/claims/claims.py) reads ours from the artifacts' tables
 (results/<artifact>.csv): single points (`cell`, judged or fitted, a fitted one flagged), ratios of
-them (`ratio`), aggregates over judged and fitted rows (`over_judged`, fitted where one is), a
-table's own derived rows of such rows (`over_derived`), or the worst judged row (`worst`). Rows that failed or were
-taken wholly in a slow spell of the host are never read (artifacts/judging/host_speed.py)."""
+them (`ratio`), aggregates over judged and fitted rows (`over_rows`, fitted where one is), a
+table's own derived rows of such rows (`over_derived`), or the worst judged row (`worst`). Each
+reading's `basis` names its rows with their roles (how many of them fitted), and its band the rows'
+(`band_pct`, named by `band_basis`). Rows that failed or were taken wholly in a slow spell of the host
+are never read (artifacts/judging/host_speed.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ class Reading:
     """Ours for one claim: the value, its source(s), whether a fitted point is in it, and the rows
     it was read from; `paper` where the claim takes the paper's number from the row itself; `band_pct`
     its band (artifacts/judging/judged_bands.py): a row's own, the sum of a ratio's two, the widest of an
-    aggregate's rows; None where a row read has none."""
+    aggregate's rows; None where a row read has none; `band_basis` which band that is."""
 
     value: float
     source: str
@@ -27,13 +29,16 @@ class Reading:
     basis: str
     paper: float | None = None
     band_pct: float | None = None
+    band_basis: str | None = None
 
 
-def _band(rows: pd.DataFrame) -> float | None:
-    """The widest band of `rows`, None where one of them has none."""
+def _band(rows: pd.DataFrame) -> tuple[float | None, str | None]:
+    """(the widest band of `rows`, its `band_basis`), (None, None) where one of them has none."""
     if "band_pct" not in rows or rows.band_pct.isna().any() or rows.empty:
-        return None
-    return float(rows.band_pct.astype(float).max())
+        return None, None
+    widest = rows.band_pct.astype(float).idxmax()
+    basis = str(rows.band_basis[widest]) if "band_basis" in rows and pd.notna(rows.band_basis[widest]) else "band"
+    return float(rows.band_pct[widest]), basis
 
 
 Tables = dict[str, pd.DataFrame]
@@ -79,9 +84,9 @@ def cell(
         value = float(r[column]) if fn is None else fn(float(r[column]))
         paper = float(r.paper) if "paper" in r and pd.notna(r.paper) else None
         basis = f"{table}: {key} ({r.role})"
-        if not carries_fit:
-            return Reading(value, column.split("_")[0], False, f"{table}: {key} {column}", None, None)
-        return Reading(value, _source(rows), r.role == "fitted", basis, paper, _band(rows.head(1)))
+        if not carries_fit:  # the column carries no choice of the model: judged, whatever the row's role
+            return Reading(value, column.split("_")[0], False, f"{table}: {key} {column} (judged: no choice in it)")
+        return Reading(value, _source(rows), r.role == "fitted", basis, paper, *_band(rows.head(1)))
 
     return read
 
@@ -97,8 +102,12 @@ def ratio(num: Reader, den: Reader, scale: float = 1.0) -> Reader:
         if not b.value:
             return f"{b.basis}: zero denominator"
         source = ", ".join(sorted({*a.source.split(", "), *b.source.split(", ")}))
-        band = None if a.band_pct is None or b.band_pct is None else a.band_pct + b.band_pct
-        return Reading(scale * a.value / b.value, source, a.fitted or b.fitted, f"{a.basis} / {b.basis}", None, band)
+        band, named = None, None
+        if a.band_pct is not None and b.band_pct is not None:  # each side's error may add: their bands summed
+            band = a.band_pct + b.band_pct
+            named = f"the sum of the two rows' bands ({a.band_basis}; {b.band_basis})"
+        return Reading(scale * a.value / b.value, source, a.fitted or b.fitted, f"{a.basis} / {b.basis}", None, band,
+                       named)  # fmt: skip
 
     return read
 
@@ -113,10 +122,15 @@ def _aggregate(table: str, rows: pd.DataFrame, how: str, scale: float, fitted: b
     basis = f"{table}: {how} over {what} {', '.join(map(str, rows.key))}"
     if how == "max":
         basis += f" (at {rows.key[values.idxmax()]})"
-    return Reading(value, _source(rows), fitted, basis, None, _band(rows))
+    return Reading(value, _source(rows), fitted, basis, None, *_band(rows))
 
 
-def over_judged(table: str, pattern: str, how: str = "mean", scale: float = 1.0) -> Reader:
+def _roles(fitted: int, n: int) -> str:
+    """'rows (k fitted, m judged)', or 'judged rows' where none is fitted."""
+    return f"rows ({fitted} fitted, {n - fitted} judged)" if fitted else "judged rows"
+
+
+def over_rows(table: str, pattern: str, how: str = "mean", scale: float = 1.0) -> Reader:
     """scale x the mean or max of `ours` over the judged and fitted rows whose key matches `pattern`
     (fitted where one of them is: the claim then shows its worst reading, artifacts/claims/claims.py)."""
 
@@ -126,8 +140,7 @@ def over_judged(table: str, pattern: str, how: str = "mean", scale: float = 1.0)
             return df
         rows = _usable(df[df.key.astype(str).str.fullmatch(pattern) & df.role.isin((JUDGED, "fitted"))])
         fitted = rows.role.eq("fitted")
-        what = f"rows ({int(fitted.sum())} fitted)" if fitted.any() else "judged rows"
-        return _aggregate(table, rows, how, scale, bool(fitted.any()), what)
+        return _aggregate(table, rows, how, scale, bool(fitted.any()), _roles(int(fitted.sum()), len(rows)))
 
     return read
 
@@ -144,8 +157,9 @@ def over_derived(table: str, series: str, how: str = "max") -> Reader:
         rows = _usable(df[(df.series == series) & (df.role == "derived")])
         roles = rows.derived_from.astype(str).map(lambda d: {role.get(k.strip()) for k in d.split("/")})
         rows = rows[roles.map(lambda r: r <= {JUDGED, "fitted"})]
-        fitted = bool(roles[rows.index].map(lambda r: "fitted" in r).any())
-        return _aggregate(table, rows, how, 1.0, fitted, "derived rows of judged or fitted rows")
+        fitted = int(roles[rows.index].map(lambda r: "fitted" in r).sum())
+        what = f"derived rows ({fitted} of a fitted row, {len(rows) - fitted} of judged rows only)"
+        return _aggregate(table, rows, how, 1.0, bool(fitted), what if fitted else "derived rows of judged rows")
 
     return read
 
@@ -162,6 +176,6 @@ def worst(table: str) -> Reader:
             return f"{table}: no judged rows to read"
         r = rows.loc[rows.error_pct.astype(float).abs().idxmax()]
         basis = f"{table}: worst of {len(rows)} judged rows ({r.key})"
-        return Reading(float(r.ours), _source(rows), False, basis, float(r.paper), _band(rows.loc[[r.name]]))
+        return Reading(float(r.ours), _source(rows), False, basis, float(r.paper), *_band(rows.loc[[r.name]]))
 
     return read

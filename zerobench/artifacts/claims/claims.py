@@ -6,16 +6,24 @@ paper_reference.csv, the tolerance, and how ours is read from the artifacts' tab
 (results/<artifact>.csv, read by artifacts/claims/claim_readers.py). Every number of ours is computed
 from those tables when the ledger is built; nothing of ours is typed in.
 
-Verdict (`verdict`): `reproduced` where ours misses the paper's number by at most the tolerance,
-or, where the paper states only a bound (">38"), where ours is on the bound's side (no tolerance past
-a bound: 37.9 misses ">38"); `partly` where it misses, but the qualitative statement the claim
-declares (`holds_above`: superlinear is a per-GPU ratio above 1) still holds, read on ours or on the
-claim's `holds_on` (superlinear: the lowest of its interleaved rounds); `refuted` otherwise; `not
-testable here` where a table, a row or the paper's number is absent, and where ours is read from a
-fitted point that the model cannot read without its choice and that reproduces: that shows the fit,
-not the model (common.ROLES); such a point that misses gives its miss. Where it can
-(artifacts/judging/choice_readings.py: the row without the choice), the claim shows both readings and takes
-the worse verdict (`WORSE`).
+Verdict (`verdict`), in this order: `reproduced` where ours misses the paper's number by at most the
+tolerance, or, where the paper states only a bound (">38"), where ours is on the bound's side (no
+tolerance past a bound: 37.9 misses ">38"); `consistent within our uncertainty` where it misses, but
+by no more than ours' own band (the error band of the rows read, artifacts/judging/judged_bands.py: their
+regime's, or the pooled band; a ratio's the sum of its two), so the paper's number lies inside ours ±
+band, measured as the band is (|error| in % of the paper's number): the model cannot tell the two
+apart, and the note names the band; `partly` where it misses by more, but the qualitative statement
+the claim declares (`holds_above`: superlinear is a per-GPU ratio above 1) still holds, read on ours
+or on the claim's `holds_on` (superlinear: the lowest of its interleaved rounds); `refuted` otherwise:
+the paper's number outside ours ± band (or, where ours carries no band, a measured, traced or emulated
+figure, outside the tolerance) and the statement fails. `not testable here` where a table, a row or
+the paper's number is absent, and where ours is read from a fitted point that the model cannot read
+without its choice and that reproduces: that shows the fit, not the model (common.ROLES); such a
+point that misses gives its miss. Where it can (artifacts/judging/choice_readings.py: the row without the
+choice), the claim shows both readings and takes the worse verdict (`WORSE`).
+
+`role` says what the verdict reads: `judged` where every row it reads is judged, or where it comes
+from the reading without the choices; `fitted` where it comes from a fitted row as fitted.
 """
 
 from __future__ import annotations
@@ -28,15 +36,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from zerobench.artifacts.claims.claim_readers import Reader, cell, over_derived, over_judged, ratio, worst
+from zerobench.artifacts.claims.claim_readers import Reader, Reading, cell, over_derived, over_rows, ratio, worst
 from zerobench.artifacts.judging.common import JUDGED, error_pct
 from zerobench.paper_reference import load_paper_reference
 from zerobench.perfmodel.choices import reversible
 
 REPRODUCED, PARTLY, REFUTED, UNTESTABLE = "reproduced", "partly", "refuted", "not testable here"
-VERDICTS = (REPRODUCED, PARTLY, REFUTED, UNTESTABLE)
+CONSISTENT = "consistent within our uncertainty"
+VERDICTS = (REPRODUCED, CONSISTENT, PARTLY, REFUTED, UNTESTABLE)
 FITTED_NOTE = "read from a fitted point: it shows the fit, not the model, so it is not testable here"
-WORSE = (REFUTED, PARTLY, REPRODUCED)  # the first of two readings' verdicts in this order is taken
+WORSE = (REFUTED, PARTLY, CONSISTENT, REPRODUCED)  # the first of two readings' verdicts in this order is taken
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,13 @@ class Claim:
     # what that statement is judged on, where not ours: e.g. the lowest of a measurement's
     # interleaved rounds, so that a statement holds only where it held in every round
     holds_on: Reader | None = None
+    # where the claim states a direction the paper's number leaves unwritten ('>': at least it; "C5
+    # does not lower the memory": C5 over C4 at least 1), the bound its statement sets
+    bound: str = ""
 
     def __post_init__(self):
+        if self.bound not in ("", ">", "<"):
+            raise ValueError(f"claim {self.name}: bound={self.bound!r} must be '', '>' or '<'")
         if not self.tolerance_pct > 0:
             raise ValueError(f"claim {self.name}: tolerance_pct must be > 0, got {self.tolerance_pct}")
 
@@ -152,12 +166,12 @@ CLAIMS = (
     Claim("fig8_ddp_under_20tf", "DDP at its largest model (1.4B) runs at under 20 TFLOPS per GPU", _F8,
           "TFLOPS/GPU", cell("fig8", "DDP 1.38B"), _ref("fig8", "throughput_per_gpu", model_params_b=1.4), 10),
     Claim("fig8_zero_dp_over_40tf", "ZeRO-DP without MP runs 1.5B-13B models at over 40 TFLOPS per GPU on average",
-          _F8, "TFLOPS/GPU", over_judged("fig8", r"ZeRO [0-9.]+B"), _ref("fig8", "avg_throughput_per_gpu"), 10),
+          _F8, "TFLOPS/GPU", over_rows("fig8", r"ZeRO [0-9.]+B"), _ref("fig8", "avg_throughput_per_gpu"), 10),
     Claim("fig2_100b_38tf", "ZeRO-100B trains a 100B model on 400 GPUs at over 38 TFLOPS per GPU", _F2,
           "TFLOPS/GPU", cell("fig2", "ZeRO 100B"),
           _ref("fig2", "throughput_per_gpu", model_params_b=100, kind="stated"), 10),
     Claim("fig2_15pf_average", "ZeRO-100B sustains 15 PFLOPS on 400 GPUs on average over 8B-100B models", _F2,
-          "PFLOPS", over_judged("fig2", r"ZeRO (8|40|60|80|100)B", scale=400 / 1000),
+          "PFLOPS", over_rows("fig2", r"ZeRO (8|40|60|80|100)B", scale=400 / 1000),
           _ref("fig2", "aggregate_throughput_average"), 10),
     Claim("fig2_10x_megatron", "ZeRO-100B is up to 10x faster than the Megatron-LM baseline (1.5B-170B, "
           "400 GPUs)", _F2, "x", over_derived("fig2", "speed-up", "max"),
@@ -165,7 +179,7 @@ CLAIMS = (
     Claim("model_size_8x", "ZeRO-100B trains 8x larger models than the largest the Megatron baseline fits "
           "(ours: Fig 5's largest configuration on 400 GPUs over Table 2's baseline at MP 16)",
           "Fig 2, headline (paper.md §5.1, §8)", "x",
-          ratio(over_judged("fig5", r"C\d", "max"), cell("table2", "MP 16 baseline measured")),
+          ratio(over_rows("fig5", r"C\d", "max"), cell("table2", "MP 16 baseline measured")),
           _ref("headline", "model_size_increase"), 10, holds_above=1.0),
     Claim("fig3_superlinear", "A 60B model scales superlinearly from 64 to 400 GPUs: per-GPU throughput at "
           "400 GPUs over that at 64", _F3, "x", ratio(cell("fig3", "400 GPUs"), cell("fig3", "64 GPUs")),
@@ -182,8 +196,8 @@ CLAIMS = (
           per=_fig3_per_gpu(64), gpus=128), 10, holds_above=1.0, holds_on=cell(_SL, _SL_ROW, "vs_linear_low_pct",
           _per_rank)),
     Claim("fig6_40b_c5_no_drop", "At 40B (micro-batch 16) offloading activation checkpoints to the host (C5) "
-          "does not lower the memory per GPU below C4's: C5 over C4 (ours: the engine's traced allocated peak; "
-          "the paper's: cached)", _F6, "x", *_c5_over_c4(40), 10),
+          "does not lower the memory per GPU below C4's: C5 over C4 at least 1 (ours: the engine's traced allocated "
+          "peak; the paper's: cached)", _F6, "x", *_c5_over_c4(40), 10, bound=">"),
     Claim("fig6_100b_c5_drop", "At 100B (micro-batch 32) C5 lowers the memory per GPU below C4's: C5 over C4 "
           "(ours: the engine's traced allocated peak; the paper's: cached)", _F6, "x", *_c5_over_c4(100), 10),
     Claim("comm_stage3_1_5x", "P_os+g+p moves 1.5x the data-parallel baseline's communication volume (3Ψ vs 2Ψ)",
@@ -201,10 +215,12 @@ def verdict(
     holds_above: float | None = None,
     fitted: bool = False,
     held: float | None = None,
+    band_pct: float | None = None,
 ) -> tuple[str, float | None]:
     """(verdict, error %) of ours against the paper's number (module docstring). With a bound
-    ('>' or '<'), ours on the bound's side misses by nothing; `held`: what `holds_above` is
-    judged on, if not ours."""
+    ('>' or '<'), ours on the bound's side misses by nothing, and a miss is measured to the bound;
+    `held`: what `holds_above` is judged on, if not ours; `band_pct`: ours' band, inside which a miss
+    is consistent within our uncertainty (None: ours carries none, the tolerance judges alone)."""
     err = error_pct(ours, paper)
     if err is None or fitted:  # a fitted point tests the fit, not the model
         return UNTESTABLE, err
@@ -214,6 +230,8 @@ def verdict(
         within = abs(err) <= tolerance_pct
     if within:
         return REPRODUCED, err
+    if band_pct is not None and abs(err) <= band_pct:  # the paper's number inside ours ± band
+        return CONSISTENT, err
     if holds_above is not None and (ours if held is None else held) > holds_above:
         return PARTLY, err
     return REFUTED, err
@@ -233,23 +251,31 @@ def without_choices(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return out
 
 
-def both_readings(c: Claim, tables: dict, value: float, paper: float, bound: str, held) -> tuple[str, float, str]:
-    """(the worse verdict, ours without the choices, a note with both) of a claim read from a fitted
-    row. Where the model cannot read it without them, the fitted reading alone: a miss stands (a fit
-    that still misses), a hit shows the fit (UNTESTABLE)."""
-    with_, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
+def band_note(got: Reading, inside: bool) -> str:
+    """Which band a miss was judged by, and on which side of it the paper's number lies."""
+    return f"the paper's number lies {'inside' if inside else 'outside'} ours ±{got.band_pct:.1f} % ({got.band_basis})"
+
+
+def both_readings(c: Claim, tables: dict, got: Reading, paper: float, bound: str, held) -> tuple[str, float, str, str]:
+    """(the worse verdict, ours without the choices, a note with both, the role of the reading the
+    verdict comes from) of a claim read from a fitted row. Where the model cannot read it without them,
+    the fitted reading alone: a miss stands (a fit that still misses, inside the band or not), a hit
+    shows the fit (UNTESTABLE)."""
+    value = got.value
+    with_, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held, got.band_pct)
     bare = c.read(without_choices(tables))
     if isinstance(bare, str) or bare.fitted:
         shown = f"read from a fitted row the model cannot read without its choice: {value:.4g} ({with_}, {err:+.1f} %)"
         if with_ == REPRODUCED:
-            return UNTESTABLE, None, f"{shown}; {FITTED_NOTE}"
-        return with_, None, f"{shown}; a miss on a fitted row stands"
-    without, err0 = verdict(bare.value, paper, bound, c.tolerance_pct, c.holds_above, False, held)
+            return UNTESTABLE, None, f"{shown}; {FITTED_NOTE}", "fitted"
+        return with_, None, f"{shown}; a miss on a fitted row stands", "fitted"
+    without, err0 = verdict(bare.value, paper, bound, c.tolerance_pct, c.holds_above, False, held, bare.band_pct)
     note = (
         f"read from a row a choice was made on (perfmodel/choices.py): with it {value:.4g} ({with_}, "
         f"{err:+.1f} %), without it {bare.value:.4g} ({without}, {err0:+.1f} %); the worse is taken"
     )
-    return min(with_, without, key=WORSE.index), bare.value, note
+    taken = min(with_, without, key=WORSE.index)
+    return taken, bare.value, note, JUDGED if taken == without else "fitted"
 
 
 def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) -> pd.DataFrame:
@@ -259,6 +285,7 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
         got = c.read(tables)
         ref = reference(c.paper) if c.paper is not None else None
         paper, bound, kind = ref if ref else (getattr(got, "paper", None), "", "the row's paper number")
+        bound = c.bound or bound
         notes = []
         if isinstance(got, str):
             notes.append(got)
@@ -272,11 +299,16 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
             held = None
         elif held is not None:
             notes.append(f"the statement read on {held.basis}: {held.value:.4g}")
-        v, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held and held.value)
-        bare = None
+        v, err = verdict(value, paper, bound, c.tolerance_pct, c.holds_above, False, held and held.value,
+                         got.band_pct if got else None)  # fmt: skip
+        bare, role = None, (("fitted" if got.fitted else JUDGED) if got else None)
         if got and got.fitted and paper is not None:
-            v, bare, note = both_readings(c, tables, value, paper, bound, held and held.value)
+            v, bare, note, role = both_readings(c, tables, got, paper, bound, held and held.value)
             notes.append(note)
+        if v == CONSISTENT:
+            notes.append(f"{band_note(got, True)}: consistent within our uncertainty, neither reproduced nor refuted")
+        elif v in (REFUTED, PARTLY) and got and got.band_pct is not None:
+            notes.append(band_note(got, False))
         rows.append(
             dict(
                 claim=c.name,
@@ -288,9 +320,11 @@ def ledger(tables: dict[str, pd.DataFrame], claims: tuple[Claim, ...] = CLAIMS) 
                 ours=value,
                 unit=c.unit,
                 source=got.source if got else None,
+                role=role,
                 basis=got.basis if got else None,
                 error_pct=err,
                 band_pct=got.band_pct if got else None,
+                band_basis=got.band_basis if got else None,
                 ours_without_choice=bare,
                 error_without_choice_pct=error_pct(bare, paper),
                 tolerance_pct=c.tolerance_pct,
@@ -312,28 +346,35 @@ def _num(v) -> str:
 
 
 def section(csv_path: str) -> str:
-    """REPORT.md's section: the verdicts counted, then every claim."""
+    """REPORT.md's section: the verdicts counted, what the claims read (judged or fitted rows,
+    counted from the ledger), then every claim."""
     df = pd.read_csv(csv_path)
     counts = ", ".join(f"{int((df.verdict == v).sum())} {v}" for v in VERDICTS if (df.verdict == v).any())
-    lines = ["| claim | section | paper | ours | source | error % | band ±% | tolerance % | verdict | read from |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    fitted = df.basis.astype(str).str.contains("fitted")
+    lines = ["| claim | section | paper | ours | source | role | error % | band ±% | tolerance % | verdict "
+             "| read from |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for _, r in df.astype(object).where(df.notna(), None).iterrows():
         paper = f"{r.paper_bound or ''}{_num(r.paper)} ({r.paper_kind})"
         read_from = "; ".join(t for t in (r.basis, r.note) if t) or "-"
         lines.append(
-            f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | "
-            f"{_num(r.error_pct)} | {_num(r.band_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | "
-            f"{read_from} |"
+            f"| {r.text} | {r.section} | {paper} | {_num(r.ours)} {r.unit} | {r.source or '-'} | {r.role or '-'} | "
+            f"{_num(r.error_pct)} | {_num(r.band_pct)} | {r.tolerance_pct:g} | **{r.verdict}** | {read_from} |"
         )
     return "\n\n".join([
         "## The paper's claims",
-        f"**Ledger** (`{csv_path}`): {len(df)} claims of the paper, each ours read from the artifacts' tables "
-        "(aggregates over judged rows only). **reproduced**: within the tolerance of the paper's number, or on "
-        "the side of its bound (no tolerance past a bound); **partly**: outside it, but the claim's qualitative "
-        "statement holds (e.g. superlinear: a per-GPU ratio above 1); **refuted**: neither; **not testable "
-        "here**: a table, row or number is absent, or ours is read from a fitted point the model cannot read "
-        "without its choice. A claim read from a row a choice was made on, where the model can undo the choice, "
-        "shows both readings and takes the worse. `band`: the band of the rows read "
-        f"(artifacts/judging/judged_bands.py; a ratio's is the sum of its two). Verdicts: {counts}.",
+        f"**Ledger** (`{csv_path}`): {len(df)} claims of the paper, each ours read from the artifacts' tables: "
+        f"{int((~fitted).sum())} from judged rows only, {int(fitted.sum())} from rows a choice of the model was "
+        "fitted or chosen on (`read from` names them, with how many are fitted). `role`: what the verdict reads, "
+        "`judged` (judged rows, or the model's reading without the choices) or `fitted`. **reproduced**: within "
+        "the tolerance of the paper's number, or on the side of its bound (no tolerance past a bound); "
+        f"**{CONSISTENT}**: outside the tolerance, but the paper's number lies inside ours ± our band (`band`: the "
+        "error band of the rows read, their regime's or the pooled one, artifacts/judging/judged_bands.py; a "
+        "ratio's the sum of its two), so the model cannot tell them apart; the note names the band; **partly**: "
+        "outside the band, but the claim's qualitative statement holds (e.g. superlinear: a per-GPU ratio above 1); "
+        "**refuted**: the paper's number outside ours ± band (outside the tolerance where ours carries no band: "
+        "measured, traced or emulated) and the statement fails; **not testable here**: a table, row or number is "
+        "absent, or ours is read from a fitted point the model cannot read without its choice and it reproduces. "
+        "A claim read from a row a choice was made on, where the model can undo the choice, shows both readings "
+        f"and takes the worse. Verdicts: {counts}.",
         "\n".join(lines),
     ])  # fmt: skip

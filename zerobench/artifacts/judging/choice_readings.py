@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from zerobench.perfmodel.choices import CHOICES, reversible
+from zerobench.perfmodel.choices import CHOICES, named_rows, reversible
 from zerobench.perfmodel.constants import DEFAULT, Calibration
 from zerobench.perfmodel.hardware import get_profile
 from zerobench.sweeps.groups import model_trial
@@ -56,7 +56,7 @@ def add(name: str, builder: Callable[[Pairs], pd.DataFrame], pairs: Pairs, table
     table = table.assign(ours_without_choice=float("nan"), error_without_choice_pct=float("nan"))
     undo: dict[str, dict] = {}  # key -> the changes that undo every reversible choice it was made on or carries
     for c in CHOICES:
-        for a, key in c.rows + c.carriers:
+        for a, key in named_rows(c):
             if a == name and c.name in choices:
                 undo.setdefault(key, {}).update(choices[c.name])
     undo_of = table.key.map(lambda k: tuple(sorted(undo.get(k, {}).items())))

@@ -114,6 +114,25 @@ def summary(compare: pd.DataFrame) -> str:
     )
 
 
+def memory_sentence(compare: pd.DataFrame) -> str:
+    """What the two profiles' memory columns show, read from them: the same bytes (both price this
+    engine's memory) or not, and the error's range."""
+    trained = compare[compare.status == "ok"]
+    a, b = trained.predicted_peak_bytes, trained.calibrated_predicted_peak_bytes
+    err = trained.peak_bytes_error_pct
+    same = bool(((a - b).abs() <= 1e-9 * a.abs()).all())
+    which = (
+        f"both profiles price this engine's memory (perfmodel/engine_memory.py): their peaks are the same bytes for "
+        f"all {len(trained)} runs"
+        if same
+        else f"the two profiles' peaks differ for {int(((a - b).abs() > 1e-9 * a.abs()).sum())} of {len(trained)} runs"
+    )
+    return (
+        f"Peak memory: {which}, {err.min():+.1f} … {err.max():+.1f} % against the runs. These runs' peak held a "
+        "4 B/param fp32 step temporary that the engine, as now priced, no longer holds (the README, docs/gpu.md)."
+    )
+
+
 def gpu_section(results: Path) -> str | None:
     """The section (markdown), or None where results/gpu/h200 holds no records."""
     directory = Path(results) / GPU_DIR
@@ -136,9 +155,5 @@ def gpu_section(results: Path) -> str | None:
     if compare_path.exists():
         compare = pd.read_csv(compare_path)
         parts += ["**The model on these runs** (modelled; `compare.csv`, error = 100·(predicted − measured)/measured). "
-                  + summary(compare), error_table(compare),
-                  "On the datasheet profile the model prices the paper's codes, whose fp32 gradient buffer (4 B/param) "
-                  "these runs' step temporary matched; on the calibrated profile it prices this engine as it is now "
-                  "(perfmodel/engine_memory.py, within 0.3 % of its trace at these twelve configurations), which "
-                  "no longer holds that temporary: hence below these runs (docs/gpu.md)."]  # fmt: skip
+                  + summary(compare), error_table(compare), memory_sentence(compare)]  # fmt: skip
     return "\n\n".join(parts)

@@ -8,21 +8,19 @@ megatron-lm-2021, whose profile mechanism was designed after its first scoring);
 rows no choice was made on (role `holdout`), each with its scoring history
 (results/external_holdout.csv, fitting/external.py SCORINGS). The holdout runs the memory model
 calls out of memory (all of them trained) are listed with their count; the regimes' bands and the
-pooled band, set on the validation runs, and their coverage counted on the holdout runs alone
-(results/external_coverage.csv, fitting/write_bands.py) close the section.
+pooled band, set on the validation runs, and their coverage counted on the holdout runs alone, with
+the check's power (artifacts/report/coverage_section.py) close the section.
 Reads the CSVs only; no fitting import.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
 
+from zerobench.artifacts.report.coverage_section import coverage_text
 from zerobench.perfmodel.error_bands import BANDS, COVERAGE, MIN_RUNS, POOLED_COVERAGE, pooled
-
-COVERAGE_CSV = "external_coverage.csv"  # fitting/write_bands.py COVERAGE_OUT
 
 
 def _rows(df: pd.DataFrame, by: str, column: str = "error_pct") -> list[str]:
@@ -94,11 +92,17 @@ def heldout_section(results: Path) -> str | None:
                 "which was not designed on them; the third after the model's memory became the engine's, which moves "
                 "memory verdicts only."),
         _sensitivity(Path(results) / "external_sensitivity.csv"),
-        f"**Out of memory, says the model, for {len(oom)} of the {len(expressed)} expressed holdout runs**, all "
+        f"**Out of memory, says the model, for {len(oom)} of the {len(expressed)} expressed runs entered as "
+        f"holdout** ({len(unseen)} holdout, {len(seen)} now validation; of each: {_by_role(oom)}), all "
         "of which trained (at the earlier scorings: " + ", ".join(f"{n} at {rev}" for rev, n in earlier) + "):"
         + ("\n" + "\n".join(oom_lines) if oom_lines else " none."),
         _bands_table(results),
     ])  # fmt: skip
+
+
+def _by_role(runs: pd.DataFrame) -> str:
+    """'k holdout, m validation': how many of `runs` have each role."""
+    return ", ".join(f"{int((runs.role == r).sum())} {r}" for r in ("holdout", "validation"))
 
 
 def _expressed(df: pd.DataFrame) -> pd.DataFrame:
@@ -145,36 +149,4 @@ def _bands_table(results: Path) -> str:
         lines.append(
             f"| {r.generation}, {r.kind}, {r.scale} | {r.runs} | {value} | {r.mean_abs_pct:.1f} | {r.worst_pct:.1f} |"
         )
-    return "\n".join(lines) + "\n\n" + coverage_text(pd.read_csv(Path(results) / COVERAGE_CSV))
-
-
-def at_most_p(inside: int, n: int, coverage: float = COVERAGE) -> float:
-    """P(at most `inside` of `n` runs inside) were each inside with probability `coverage`: the
-    one-sided binomial test of a declared coverage."""
-    return sum(math.comb(n, k) * coverage**k * (1 - coverage) ** (n - k) for k in range(inside + 1))
-
-
-# Fewest counted runs at which some count could fail the declared coverage at 5 % (none inside).
-MIN_COUNTED = next(n for n in range(1, 100) if at_most_p(0, n) < 0.05)
-
-
-def coverage_text(check: pd.DataFrame) -> str:
-    """The coverage sentence: how many of the runs that set no band and moved no choice fall inside the
-    band the others set, with n and the binomial test against the declared coverage; where they are
-    too few for any count to fail, that, and no number."""
-    n, inside = len(check), int(check.inside.astype(str).str.lower().eq("true").sum())
-    sources = ", ".join(sorted(check.source.unique())) or "none"
-    if n < MIN_COUNTED:
-        return (
-            f"**Coverage: too few runs to check.** {n} run(s) set no band and moved no choice ({sources}); "
-            f"under {MIN_COUNTED} no count could fail the declared {COVERAGE:.0%}, so none is given."
-        )
-    p = at_most_p(inside, n)
-    said = "fails" if p < 0.05 else "is consistent with"
-    return (
-        f"**Coverage** (`{COVERAGE_CSV}`): {inside} of {n} runs that set no band and moved no choice "
-        f"({sources}: holdout rows scored more than once, `history` in external_holdout.csv, no choice made on "
-        f"them) fall inside the band the validation runs set for their regime (n = {n}); at the declared "
-        f"{COVERAGE:.0%} as few or fewer inside has probability {p:.2f} (one-sided binomial), so the count "
-        f"{said} the declared coverage. The validation runs are not counted: they set the bands."
-    )
+    return "\n".join(lines) + "\n\n" + coverage_text(results)

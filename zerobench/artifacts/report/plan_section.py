@@ -51,6 +51,27 @@ def published(df: pd.DataFrame, layout: dict) -> pd.DataFrame:
     return df[mask & df["rank"].notna()]
 
 
+def _bands(ranked: pd.DataFrame) -> str:
+    """How many ranked layouts carry their regime's band and how many the pooled one."""
+    basis = ranked.band_basis.astype(str).map(_basis).value_counts()
+    words = {"regime": "their regime's", "pooled": "the pooled"}
+    parts = [f"{basis.get(b, 0)} on {words.get(b, b)} band" for b in basis.index]
+    return "; ".join(sorted(parts))
+
+
+def _gap(q, p) -> str:
+    """The top pick's modelled gain over the published layout, against the band both carry: a gain
+    inside the band is one the model cannot tell from its own error."""
+    gain = 100 * (q.tokens_per_s / p.tokens_per_s - 1)
+    band = max(float(q.band_pct), float(p.band_pct))
+    inside = gain <= band
+    return (
+        f"{gain:.1f}% faster than the published layout, modelled: {'inside' if inside else 'outside'} the "
+        f"±{band:g}% band both carry ({_basis(p.band_basis)}), so "
+        + ("the model cannot tell the two apart" if inside else "past the model's error")
+    )
+
+
 def _request(name: str, request: dict, df: pd.DataFrame) -> str:
     ranked = df[df["rank"].notna()]
     checked = ranked[ranked.checked != "modelled"]
@@ -58,8 +79,8 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
     gone = df[df["rank"].isna()]
     text = [
         f"### {request['title']} (`{name}`: {request['hardware']})",
-        f"{len(ranked)} layouts fit ({ranked['rank'].max():g} distinct speeds); the top {len(top)} "
-        f"{'traced' if len(checked) else 'modelled'}"
+        f"{len(ranked)} layouts fit ({ranked['rank'].max():g} distinct speeds; bands: {_bands(ranked)}); the top "
+        f"{len(top)} {'traced' if len(checked) else 'modelled'}"
         + (f", {len(gone)} dropped by the trace" if len(gone) else "")
         + f". Figure `figures/plan_{name}.png`.",
         "\n".join(_rows(top)),
@@ -70,20 +91,21 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
         best = ranked.iloc[0]
         if len(mine):
             p = mine.iloc[0]
+            gain = 100 * (best.tokens_per_s / p.tokens_per_s - 1)
             text.append(
                 f"**The published layout** ({p.layout}) ranks **{p['rank']:g}** of {ranked['rank'].max():g} "
-                f"distinct speeds: {p.tokens_per_s:.4g} tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU, "
-                f"{100 * (best.tokens_per_s / p.tokens_per_s - 1):.1f}% below the plan's top pick "
-                f"({best.layout}), modelled."
-            )
+                f"distinct speeds: {p.tokens_per_s:.4g} tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU; the plan's top "
+                f"pick ({best.layout}) is {_gap(best, p)}." if gain > 0 else
+                f"**The published layout** ({p.layout}) is the plan's top pick: {p.tokens_per_s:.4g} tokens/s, "
+                f"{p.tflops_per_gpu:.1f} TFLOPS/GPU, modelled."
+            )  # fmt: skip
         else:
             text.append(f"**The published layout** {layout} is not among the layouts that fit in the model.")
         paper_code = ranked[ranked.stage <= 2]  # the paper's code had no stage 3 (P_os+g+p)
         if len(paper_code) and len(mine):
             q = paper_code.iloc[0]
             verdict = ("**the published layout itself**" if q.layout == p.layout else
-                       f"{q.layout} (rank {q['rank']:g}), {100 * (q.tokens_per_s / p.tokens_per_s - 1):.1f}% faster "
-                       "than the published layout")  # fmt: skip
+                       f"{q.layout} (rank {q['rank']:g}), {_gap(q, p)}")  # fmt: skip
             text.append(f"Among stages 0-2 alone (the paper's code had no P_os+g+p) the top pick is {verdict} "
                         "(C_B's size and M_D move memory, not the model's speed: variants alike).")  # fmt: skip
     return "\n\n".join(text)
@@ -106,10 +128,14 @@ def _validation(df: pd.DataFrame) -> str:
             f"{inside.top_gain_pct.median():.1f} | {same} | {len(traced)}, {fits} | {ordered} |"
         )
     differs = df[df.top_gain_pct.fillna(0).abs() > 1e-9].differs_in.str.split(", ").explode().value_counts()
+    splits = df.split.value_counts()
+    fitted_on = sorted(df[df.split == "fit"].hardware.unique())
     notes = df.note.fillna("").value_counts().drop("", errors="ignore")
     return "\n\n".join([
         "### Against published runs with complete layouts",
-        "Each published run (zerobench/data/external_runs.csv, every split: nothing is fitted here) planned on its "
+        f"Each published run (zerobench/data/external_runs.csv, every split: {splits.get('fit', 0)} fit rows, the "
+        f"{', '.join(fitted_on)} constants fitted on them (constants.py `per_hardware`), {splits.get('validation', 0)} "
+        f"validation and {splits.get('holdout', 0)} holdout rows; the plan fits nothing itself) planned on its "
         "own request (its GPUs, hardware, precision, attention and global batch, its code's memory switches and "
         "collective profile), `results/plan_validation.csv`. Its layout's rank among the plan's distinct speeds, "
         "and the plan's top pick against it (modelled tokens/s; the pick traced for memory, the published layout "
@@ -129,7 +155,8 @@ def plan_section(sheet: str | Path, tables: list[str], validation: str | None) -
     parts = ["## Planning: the best layout for a model on N GPUs (`zerobench plan`)",
              "Every layout the engine can express (stage, MP inside a node, micro-batch and accumulation, "
              "checkpointing, P_a, P_a+cpu, M_D, C_B) ranked by the performance model's tokens/s (**modelled**, "
-             "with its regime's held-out band), its memory by the model's; the top layouts **traced** (the "
+             "each with its band: its regime's where the regime has one, else the pooled band; each request says "
+             "how many carry which), its memory by the model's; the top layouts **traced** (the "
              "engine under FakeTensorMode on the target's CUDA semantics) and dropped if their peak is over "
              "the card's usable bytes. docs/plan.md."]  # fmt: skip
     parts += [_request(name, req, pd.read_csv(by_name[name])) for name, req in requests.items() if name in by_name]
