@@ -54,7 +54,8 @@ SEARCHES = ("run", "model", "emulate")  # the commands with a batch/depth search
 POLICIES = ("listed", "largest_fits")
 # the performance model's implementation profiles (perfmodel/implementation.py PROFILES; a test holds
 # them equal: the engine imports nothing of the model)
-IMPLEMENTATIONS = ("deepspeed-0.3", "efficient")
+IMPLEMENTATIONS = ("deepspeed-0.3", "deepspeed-zero-2020", "deepspeed-zero-os-2020", "efficient",
+                   "megatron-lm-2019", "pytorch-ddp-2019")  # fmt: skip
 TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}  # JSON schema's names
 
 
