@@ -122,7 +122,8 @@ def validate(cal: Calibration = DEFAULT, path: Path = DATA, rows: pd.DataFrame |
     """Every row (of `rows`, else the file's fit and validation rows) with the model's prediction and
     its error in % of the published value; a row the model cannot express gets none."""
     df = load(path=path) if rows is None else rows.copy()
-    df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)  # the trial field
+    if "implementation" not in df:  # the trial field: the code each source ran, unless the rows name it
+        df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)
     can = expressible(df)
     none = (float("nan"), False, 0, "")
     out = [_predicted(r, cal) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]

@@ -1,0 +1,38 @@
+"""The paper-blind V100 reading (perfmodel/blind.py, fitting/blind.py): no constant or switch of it
+was fitted or chosen on a ZeRO-paper row."""
+
+import pandas as pd
+
+from zerobench.fitting.blind import BLIND_SOURCES, blind_rows, blind_split, fit_blind
+
+
+def test_the_blind_input_is_v100_runs_of_other_codes_split_by_where_the_source_printed_them():
+    rows = blind_rows()
+    assert set(rows.source) == set(BLIND_SOURCES) and (rows.hardware == "v100-32gb-dgx2").all()
+    assert not rows.source.str.contains("zero", case=False).any()  # no run of the ZeRO paper's
+    assert not rows.citation.str.contains("ZeRO|Rajbhandari", regex=True).any()
+    assert rows.blind_split.value_counts().to_dict() == {"fit": 8, "validation": 5}
+    fit = rows[rows.blind_split == "fit"]  # Figure 5: in-node MP 1-8 and 64-512 GPUs of MP x DP
+    assert sorted(fit.gpus) == [1, 2, 4, 8, 64, 128, 256, 512]
+    assert (rows[rows.blind_split == "validation"].citation.str.contains("Appendix D")).all()
+    assert (rows.implementation == "megatron-lm-2019").all()
+
+
+def test_the_split_rule_reads_the_citation_alone():
+    df = pd.DataFrame({"citation": ["x; Appendix D.2, Table 8", "x; Figure 5 (weak scaling)"], "value": [1.0, 2.0]})
+    assert list(blind_split(df)) == ["validation", "fit"]
+    assert list(blind_split(df.assign(value=[9.0, 9.0]))) == ["validation", "fit"]  # numbers play no part
+
+
+def test_changing_a_paper_row_changes_no_blind_constant(monkeypatch):
+    # the fit, run short, gives the same knobs with every ZeRO-paper number doubled
+    from zerobench import results
+    from zerobench.artifacts import common
+    from zerobench.perfmodel.blind import BLIND_START
+
+    before = fit_blind(BLIND_START, iters=12)
+    real = results.load_paper_reference()
+    doubled = real.assign(value=pd.to_numeric(real.value, errors="coerce") * 2)
+    monkeypatch.setattr(results, "load_paper_reference", lambda *a, **k: doubled)
+    monkeypatch.setattr(common, "_REF", doubled)
+    assert fit_blind(BLIND_START, iters=12) == before
