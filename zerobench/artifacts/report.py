@@ -12,6 +12,7 @@ import pandas as pd
 import yaml
 
 from zerobench.artifacts import superlinear, superlinear_emulated
+from zerobench.artifacts.blind_section import blind_section
 from zerobench.artifacts.claims import section as claims_section
 from zerobench.artifacts.common import JUDGED, ROLES, compared, judged
 from zerobench.artifacts.gpu_section import gpu_section
@@ -301,7 +302,8 @@ def write_report(
         "|---|---|---|---|---|---|---|---|",
     ]
     table = "\n".join(head[2:] + summary) + "\n\n" + headline(read) + "\n\n" + capped(read)
-    text = "\n\n".join(head[:2]) + "\n\n" + table + "\n\n" + "\n\n".join(sections) + "\n"
+    blind = blind_section(Path(out).parent, read)  # the paper judged blind: the headline, first
+    text = "\n\n".join([*head[:2], *([blind] if blind else []), table, *sections]) + "\n"
     Path(out).write_text(text)
 
 
