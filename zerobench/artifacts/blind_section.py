@@ -62,8 +62,11 @@ def blind_section(results: Path, tuned: dict[str, pd.DataFrame]) -> str | None:
         "its switches and memory terms come from the codes' sources and the card, none from a paper row "
         f"(tests/unit/test_blind_reading.py). Every row is judged against the reading's band, "
         f"±{band.iloc[0]:.1f} % (its five validation runs' 80 % interval; memory rows borrow it, an assumption). "
-        "Beside it, the tuned reading (constants.DEFAULT, fitted and chosen with the paper's rows in view): its "
-        "judged rows of the same figure.",
+        "The experiments are the sheets' as the tuned tables run them, with their two batch policies (a listed "
+        "micro-batch capped at what the code's memory admits; Fig 3's largest swept batch that fits), both put in "
+        "with paper rows in view (perfmodel/choices.py). Beside it, the tuned reading (constants.DEFAULT, fitted "
+        "and chosen with the paper's rows in view, every row priced as this engine, `efficient`: a projection of "
+        "this engine): its judged rows of the same figure.",
         "\n".join(lines),
         f"**Worst under the blind reading**: {worst_text}. Which term is responsible for each miss: "
         "docs/perfmodel.md \"The paper judged blind\". A miss is the result, not a target for tuning.",
