@@ -58,3 +58,33 @@ def test_blind_is_a_local_optimum_of_its_own_fit(knob):
 def test_blind_fits_nothing_but_the_throughput_knobs():
     changed = {f.name for f in dataclasses.fields(BLIND) if getattr(BLIND, f.name) != getattr(BLIND_START, f.name)}
     assert changed == set(THROUGHPUT_KNOBS)
+
+
+@pytest.mark.parametrize(
+    "code, stage, mp, flipped",
+    [
+        ("deepspeed-zero-2020", 2, 16, dict(overlap_grad_reduce=True)),
+        ("deepspeed-zero-2020", 1, 16, dict(zero_os_stage1=True)),
+        ("deepspeed-zero-os-2020", 1, 1, dict(zero_os_stage1=False, overlap_grad_reduce=True)),
+        ("pytorch-ddp-2019", 0, 1, dict(ddp_overlap=False)),
+        ("megatron-lm-2019", 0, 1, dict(ddp_overlap=True)),
+    ],
+)
+def test_no_switch_chosen_on_paper_rows_reaches_a_blind_row(code, stage, mp, flipped):
+    # the switches the tuned reading chose with paper rows in view (perfmodel/choices.py) are set, for
+    # each paper code, by its own profile from its source: flipping them in the calibration moves nothing
+    from zerobench.engine.config import ModelConfig, ParallelConfig, TrainConfig
+    from zerobench.perfmodel.paper_setups import PAPER_PRECISION
+    from zerobench.perfmodel.predict import predict
+
+    model = ModelConfig(layers=32, hidden=4096, heads=32, seq=1024, vocab=50304, name="gpt-6.5b")
+    parallel = ParallelConfig(dp=128 // mp, mp=mp, stage=stage, checkpoint_activations=True)
+    train = TrainConfig(micro_batch=4)
+    args = (model, parallel, PAPER_PRECISION, train, "v100-32gb-dgx2")
+    same = predict(*args, cal=BLIND, implementation=code)
+    moved = predict(*args, cal=BLIND.replace(**flipped), implementation=code)
+    assert moved.step_time_s == same.step_time_s and moved.memory == same.memory
+    # the control: without a profile that sets it, the switch does move the step
+    on, off = (predict(*args, cal=BLIND.replace(**{k: v ^ flip for k, v in flipped.items()})).step_time_s
+               for flip in (False, True))  # fmt: skip
+    assert on != off
