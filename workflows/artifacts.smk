@@ -86,7 +86,7 @@ BLIND_ARTIFACTS = ["fig2", "fig3", "fig5", "fig6", "fig7", "fig8", "table2"]
 
 
 rule paper_blind:
-    """Every paper row under the blind reading (its fit: zerobench/fitting/blind.py)."""
+    """Every paper row under the blind reading (its fit: zerobench/fitting/blind_fit.py)."""
     input:
         tables=expand("results/{artifact}.csv", artifact=BLIND_ARTIFACTS),
         runs="zerobench/data/external_runs.csv",

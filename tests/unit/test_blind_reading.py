@@ -1,4 +1,4 @@
-"""The paper-blind V100 reading (perfmodel/blind.py, fitting/blind.py): no constant or switch of it
+"""The paper-blind V100 reading (perfmodel/blind.py, fitting/blind_fit.py): no constant or switch of it
 was fitted or chosen on a ZeRO-paper row."""
 
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from zerobench.fitting.blind import BLIND_SOURCES, blind_rows, blind_split, fit_blind, objective
+from zerobench.fitting.blind_fit import BLIND_SOURCES, blind_rows, blind_split, fit_blind, objective
 from zerobench.fitting.fit import _BOUNDS, THROUGHPUT_KNOBS
 from zerobench.perfmodel.blind import BLIND, BLIND_START
 
@@ -45,7 +45,7 @@ def test_changing_a_paper_row_changes_no_blind_constant(monkeypatch):
 @pytest.mark.parametrize("knob", THROUGHPUT_KNOBS)
 def test_blind_is_a_local_optimum_of_its_own_fit(knob):
     # the fit's fixed point on the blind fit rows alone: moving a knob 2 % either way (inside its bounds)
-    # makes them worse; a model change that moves it shows here until fitting/blind.py is re-run
+    # makes them worse; a model change that moves it shows here until fitting/blind_fit.py is re-run
     rows = blind_rows()
     base = objective(BLIND, rows)
     assert base < 5.0

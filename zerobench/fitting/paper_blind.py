@@ -3,12 +3,12 @@
 Each of the paper's rows (Table 2, Figs 2, 3, 5-8: every row with a paper number that is a
 prediction of ours, not a formula or a ratio of other rows) priced by the performance model under
 the blind V100 reading (perfmodel/blind.py: nothing of it fitted or chosen on a ZeRO-paper row,
-fitting/blind.py) and as the code that ran it (`code_of`, perfmodel/implementation.py PAPER_CODES):
+fitting/blind_fit.py) and as the code that ran it (`code_of`, perfmodel/implementation.py PAPER_CODES):
 the Megatron-LM 2019 baselines as Megatron, Fig 8's PyTorch DDP as Megatron with torch DDP, the
 ZeRO rows as DeepSpeed's ZeRO of 2020 (ZeRO-OS for Table 2's measured P_os). The sheets' trials are
 the experiments as the paper's artifact tables list them (their models, layouts, listed batches,
 capped at what the code's memory admits); the blind reading changes the constants and the code, not
-the experiment. Every row is `judged`, against the reading's band (fitting/blind.py `band`: its
+the experiment. Every row is `judged`, against the reading's band (fitting/blind_fit.py `band`: its
 validation rows' interval; a memory row borrows it, said so in `band_basis`). Beside each, the tuned
 reading's number from results/<artifact>.csv (`tuned_*`), where that table has the row.
 
@@ -26,7 +26,7 @@ import pandas as pd
 from zerobench.artifacts.common import JUDGED, prediction
 from zerobench.artifacts.registry import entry, resolve
 from zerobench.engine.config import ZERO_CONFIGS
-from zerobench.fitting.blind import band
+from zerobench.fitting.blind_fit import band
 from zerobench.perfmodel.blind import BLIND
 from zerobench.perfmodel.constants import Calibration
 from zerobench.sweeps.groups import model_trial

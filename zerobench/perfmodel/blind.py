@@ -5,7 +5,7 @@ one judges the paper's rows (artifacts/paper_blind.py), each priced as the code 
 (implementation.PAPER_CODES).
 
 BLIND_START holds what is not fitted, each value with its source; the five throughput knobs are
-fitted on the blind fit rows (fitting/blind.py states the rule) and written into BLIND. The
+fitted on the blind fit rows (fitting/blind_fit.py states the rule) and written into BLIND. The
 switches a code sets (its overlaps, its gradient copy) are its implementation profile's, read from
 its source; none is a Calibration value chosen here.
 """
@@ -40,7 +40,7 @@ BLIND_START = DEFAULT.replace(
     # the fixed costs keep the model's first-commit assumptions (choices.py: set with no table to score)
 )
 
-# The five throughput knobs fitted on the blind fit rows (`python -m zerobench.fitting.blind`): 3.9 %
+# The five throughput knobs fitted on the blind fit rows (`python -m zerobench.fitting.blind_fit`): 3.9 %
 # mean |error| over the eight fit rows; the five validation rows' worst |error| (29.7 %, Table 8's 1.2B on
 # 8 GPUs of MP) is the reading's band.
 BLIND = BLIND_START.replace(

@@ -17,7 +17,7 @@ The rule, written down before any fit (docs/perfmodel.md "The paper-blind readin
 The band of the blind reading is the split-conformal interval of its validation rows' |error|
 (`band`); the paper's rows are judged against it (artifacts/paper_blind.py).
 
-    python -m zerobench.fitting.blind    # prints the fitted knobs, the fit and validation errors
+    python -m zerobench.fitting.blind_fit    # prints the fitted knobs, the fit and validation errors
 """
 
 from __future__ import annotations
