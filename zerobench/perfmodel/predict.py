@@ -85,7 +85,8 @@ def predict(
 ) -> Prediction:
     """`attention`: `materialized` (s² scores kept, a separate softmax pass: the paper's 2020 code,
     used by the paper artifacts) or `fused` (flash-style: what today's codes and this engine run).
-    `implementation`: how the ZeRO code issues its collectives (implementation.PROFILES)."""
+    `implementation`: the code priced (implementation.PROFILES): how it issues its collectives and, for the
+    paper's codes, their own memory and overlaps."""
     hw = get_profile(hardware, gpus_per_node)
     validate(model, parallel, hw)
     check_attention(attention)
