@@ -80,25 +80,11 @@ localrules:
     claims,
 
 
-# The paper's rows judged under the paper-blind V100 reading, each priced as the code that ran it
-# (zerobench/fitting/paper_blind.py), beside the tuned reading's tables: REPORT's headline, where the
-# run builds every one of those tables (not a smoke run's few sheets).
-BLIND_ARTIFACTS = ["fig2", "fig3", "fig5", "fig6", "fig7", "fig8", "table2"]
-
-
-def blind_report_input(wildcards):
-    return (
-        {"blind": "results/paper_blind.csv"}
-        if set(BLIND_ARTIFACTS) <= set(SHEETS)
-        else {}
-    )
-
-
 rule paper_blind:
     """Every paper row under the blind reading (its fit: zerobench/fitting/blind_fit.py)."""
     input:
         tables=expand("results/{artifact}.csv", artifact=BLIND_ARTIFACTS),
-        runs="zerobench/data/external_runs.csv",
+        runs=EXTERNAL_RUNS,
     output:
         "results/paper_blind.csv",
     log:
