@@ -80,6 +80,25 @@ localrules:
     claims,
 
 
+rule paper_blind:
+    """Every paper row under the blind reading (its fit: zerobench/fitting/blind_fit.py)."""
+    input:
+        tables=expand("results/{artifact}.csv", artifact=BLIND_ARTIFACTS),
+        runs=EXTERNAL_RUNS,
+    output:
+        "results/paper_blind.csv",
+    log:
+        "results/logs/paper_blind.log",
+    conda:
+        "envs/zerobench.yaml"
+    shell:
+        "python -m zerobench.fitting.paper_blind --results results --out {output} > {log} 2>&1"
+
+
+localrules:
+    paper_blind,
+
+
 # GPU records measured elsewhere and committed (results/gpu/<device>/runs, their README says where):
 # the current model's prediction of each is remade from them here, so that it cannot go stale.
 GPU_DEVICES = sorted(
@@ -113,6 +132,7 @@ rule report:
     input:
         unpack(peers_report_input),
         unpack(plan_report_input),
+        unpack(blind_report_input),
         gpu=expand("results/gpu/{device}/compare.csv", device=GPU_DEVICES),
         sheets=sheet_files,
         tables=expand("results/{artifact}.csv", artifact=SHEETS),

@@ -195,6 +195,20 @@ PEERS = {
 }
 
 
+# The paper's rows judged under the paper-blind V100 reading, each priced as the code that ran it
+# (zerobench/fitting/paper_blind.py; artifacts.smk), beside the tuned reading's tables: REPORT's
+# headline, where the run builds every one of those tables (not a smoke run's few sheets).
+BLIND_ARTIFACTS = ["fig2", "fig3", "fig5", "fig6", "fig7", "fig8", "table2"]
+
+
+def blind_report_input(wildcards):
+    return (
+        {"blind": "results/paper_blind.csv"}
+        if set(BLIND_ARTIFACTS) <= set(SHEETS)
+        else {}
+    )
+
+
 def peers_report_input(wildcards):
     return {"peers": "results/peers.csv"} if PEERS["in_report"] else {}
 

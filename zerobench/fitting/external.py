@@ -130,7 +130,8 @@ def validate(
     its error in % of the published value (with the step time's `without` terms left out); a row the
     model cannot express gets none."""
     df = load(path=path) if rows is None else rows.copy()
-    df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)  # the trial field
+    if "implementation" not in df:  # the trial field: the code each source ran, unless the rows name it
+        df["implementation"] = df.source.map(IMPLEMENTATION).fillna(DEFAULT_IMPLEMENTATION)
     can = expressible(df)
     none = (float("nan"), False, 0, "")
     out = [_predicted(r, cal, None, without) if ok else none for r, ok in zip(df.itertuples(), can, strict=True)]

@@ -48,6 +48,7 @@ from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
 from zerobench.perfmodel.engine_memory import engine_peak, initial_draw_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
+from zerobench.perfmodel.implementation import Implementation
 from zerobench.perfmodel.kernels import check_attention
 from zerobench.stages import rule
 
@@ -154,12 +155,15 @@ def breakdown(
     hw: HardwareProfile,
     cal: Calibration,
     attention: str = "materialized",
+    implementation: Implementation | None = None,
 ) -> MemoryBreakdown:
     """A rank's memory: this engine's own (`engine_breakdown`) on every profile, or, where the
-    calibration says another code ran (its code switches: fitting/external.py CODE), that code's
+    calibration says another code ran (its code switches: fitting/external.py CODE) or the
+    implementation profile is another code's (`memory="code"`: implementation.py), that code's
     (`code_breakdown`)."""
-    if cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads:
-        return code_breakdown(model, parallel, precision, micro_batch, hw, cal, attention)
+    code = implementation is not None and implementation.memory == "code"
+    if code or cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads:
+        return code_breakdown(model, parallel, precision, micro_batch, hw, cal, attention, implementation)
     return engine_breakdown(model, parallel, precision, micro_batch, hw, cal)
 
 
@@ -171,10 +175,11 @@ def code_breakdown(
     hw: HardwareProfile,
     cal: Calibration,
     attention: str = "materialized",
+    implementation: Implementation | None = None,
 ) -> MemoryBreakdown:
     """The memory of the paper's 2020 codes and of the codes published runs used, from the formulas
     of the module docstring (`Calibration`'s code switches select FSDP, a fused cross-entropy and
-    NeMo's fp32 main gradients)."""
+    NeMo's fp32 main gradients; a code's implementation profile says its gradient copy)."""
     p_bytes = activation_dtype_bytes(precision, hw)
     mp, b = parallel.mp, micro_batch
     states = model_state_bytes(model.num_params, parallel.stage, parallel.dp, mp, precision.bytes_pgk)
@@ -209,6 +214,13 @@ def code_breakdown(
     # the reduction's flattened copy (none when the all-reduce runs in place on an fp32 buffer, and
     # none at dp = 1, where there is nothing to reduce)
     flat_copy = (parallel.stage == 0 and not cal.fp32_main_grads) or (parallel.stage == 1 and not cal.zero_os_stage1)
+    copy_bytes = states["grad_bytes"]
+    if implementation is not None and implementation.memory == "code":  # the code's own copy, as its source has it
+        flat_copy = implementation.grad_copy == "transient" and parallel.stage <= 1
+        if implementation.grad_copy_elems:
+            copy_bytes = min(copy_bytes, implementation.grad_copy_elems * precision.bytes_pgk[1])
+        if implementation.grad_copy == "resident" and parallel.dp > 1:  # PyTorch DDP's bucket contents
+            buffers += states["grad_bytes"]
     flat_copy = flat_copy and parallel.dp > 1
     return MemoryBreakdown(
         param_bytes=states["param_bytes"],
@@ -217,7 +229,7 @@ def code_breakdown(
         checkpoint_bytes=ckpt,
         working_bytes=working,
         buffer_bytes=buffers,
-        reduce_transient_bytes=states["grad_bytes"] if flat_copy else 0.0,
+        reduce_transient_bytes=copy_bytes if flat_copy else 0.0,
         usable_bytes=usable_bytes(hw, cal, parallel.contiguous_buffers),
         build_bytes=build_peak_bytes(states, 4.0 * model.largest_param_numel),  # drawn whole in fp32
     )
@@ -281,9 +293,11 @@ def _largest(fits, limit: int) -> int:
     return lo
 
 
-def max_micro_batch(model, parallel, precision, hw, cal, limit: int = 1 << 16, attention: str = "materialized") -> int:
-    """Largest micro-batch that fits (0 when not even one sequence does)."""
-    return _largest(lambda b: breakdown(model, parallel, precision, b, hw, cal, attention).fits, limit)
+def max_micro_batch(
+    model, parallel, precision, hw, cal, limit: int = 1 << 16, attention: str = "materialized", implementation=None
+) -> int:
+    """Largest micro-batch that fits (0 when not even one sequence does), under `implementation`'s memory."""
+    return _largest(lambda b: breakdown(model, parallel, precision, b, hw, cal, attention, implementation).fits, limit)
 
 
 def max_layers(

@@ -24,6 +24,16 @@ profile it used (`implementation`); `efficient`, this engine, is the default.
 Neither profile hides gathers behind compute (the model's stage 3 as it was, kept, not re-chosen;
 perfmodel/choices.py "stage 3 gathers not overlapped").
 
+The paper's own codes (design.md "Each code priced as itself"; docs/perfmodel.md "The paper's codes"):
+their memory is that code's (`memory="code"`: feasibility.code_breakdown's formulas, not this
+engine's trace), their gradient copy (`grad_copy`) and their overlaps (`switches`: Calibration fields
+the code sets) read from their source, each term cited beside it in PROFILES:
+- `megatron-lm-2019`: the paper's baseline, NVIDIA/Megatron-LM at cf2f4d9 (2019-10-31);
+- `pytorch-ddp-2019`: the same code with `--DDP-impl torch` (Fig 8's "PyTorch DDP");
+- `deepspeed-zero-2020`: DeepSpeed 0.2 (microsoft/DeepSpeed bbd8cd7, 2020-05-29) as DeepSpeedExamples
+  5426d18 ran Megatron-LM with it (`ds_zero2_config.json`): the paper's ZeRO-100B rows;
+- `deepspeed-zero-os-2020`: DeepSpeed 0.1.0's ZeRO-OS (P_os, Feb 2020): Table 2's measured P_os.
+
 Sensitivity (`SENSITIVITY`, `variants`): `deepspeed-0.3`'s list-form host work is most of what moves
 its six published runs, and rests on a cost per host op borrowed from another machine and on a wait
 per gather read from the code. Its plausible range is priced beside the point: the host op at half
@@ -48,6 +58,27 @@ class Implementation:
     sync_per_gather: bool  # the host waits for each gather: its work adds to the device's
     source: str
     op_s_scale: float = 1.0  # the cost per list-form host op, in units of the host's (sensitivity only)
+    # whose memory: "engine" (this engine's, engine_memory.py, equal to its trace) or "code" (the
+    # code's own formulas, feasibility.code_breakdown)
+    memory: str = "engine"
+    # the flat copy of the 16-bit gradients the code reduces from (memory="code"): "none",
+    # "transient" (built after backward, freed after the reduction) or "resident" (held all step)
+    grad_copy: str = "none"
+    grad_copy_elems: int = 0  # the copy's elements at most (0: every gradient of the rank)
+    switches: tuple[tuple[str, object], ...] = ()  # Calibration fields the code sets (its overlaps)
+
+    def __post_init__(self):
+        if self.memory not in ("engine", "code"):
+            raise ValueError(f"implementation {self.name}: memory={self.memory!r} must be 'engine' or 'code'")
+        if self.grad_copy not in GRAD_COPIES:
+            raise ValueError(f"implementation {self.name}: grad_copy={self.grad_copy!r} must be one of {GRAD_COPIES}")
+
+    def calibrated(self, cal):
+        """`cal` with this code's own switches (its overlaps, as its source has them)."""
+        return cal.replace(**dict(self.switches)) if self.switches else cal
+
+
+GRAD_COPIES = ("none", "transient", "resident")
 
 
 PROFILES = {
@@ -79,6 +110,66 @@ def variants(name: str) -> dict[str, Implementation]:
     """The profile `name` at each point of its SENSITIVITY range (none for a profile without one)."""
     impl = get(name)
     return {label: dataclasses.replace(impl, **changes) for label, changes in SENSITIVITY.get(name, {}).items()}
+
+
+# Megatron-LM 2019 (cf2f4d9) memory: fp16 parameters and gradients, and FP16_Optimizer's fp32 master
+# parameters and Adam moments (fp16/fp16.py `fp32_from_fp16_groups`) -- the paper's 16 bytes; plus an fp32
+# gradient per master parameter (fp16util.py `model_grads_to_master_grads`: `master.grad =
+# master.data.new(...)`, 4 bytes, resident: feasibility.code_breakdown's buffer at stage 0); activations
+# with materialized attention (model/transformer.py: `torch.matmul(query, key^T)` s^2 scores, softmax and
+# `attention_dropout` on them, its mask kept) and a checkpoint per layer (`--checkpoint-num-layers` 1).
+_MEGATRON_2019 = "NVIDIA/Megatron-LM cf2f4d9: megatron/fp16/fp16util.py, megatron/model/transformer.py"
+PROFILES.update({
+    # model/distributed.py `allreduce_params`: one `_flatten_dense_tensors` of every fp16 gradient, all-reduced
+    # after backward (training.py `backward_step` calls it after `optimizer.backward`; the autograd hooks are
+    # commented out), then unflattened: a transient copy of all gradients and no overlap (DDP_impl local, the
+    # default in arguments.py).
+    "megatron-lm-2019": Implementation(
+        "megatron-lm-2019", per_parameter=False, persistence_threshold=0, reduce_bucket_elems=0,
+        ops_per_rank=(0, 0), sync_per_gather=False, memory="code", grad_copy="transient",
+        switches=(("ddp_overlap", False),),
+        source=f"{_MEGATRON_2019}, megatron/model/distributed.py allreduce_params, megatron/training.py",
+    ),
+    # `--DDP-impl torch` (training.py: torch.nn.parallel.DistributedDataParallel): PyTorch 1.x's Reducer
+    # copies each gradient into its bucket's flat `contents` tensor (reducer.cpp `initialize_buckets`: the
+    # buckets cover every parameter, held for the model's life) and all-reduces a bucket from the autograd
+    # hooks as soon as it is full (`autograd_hook` -> `mark_variable_ready`): resident copy, overlapped.
+    "pytorch-ddp-2019": Implementation(
+        "pytorch-ddp-2019", per_parameter=False, persistence_threshold=0, reduce_bucket_elems=0,
+        ops_per_rank=(0, 0), sync_per_gather=False, memory="code", grad_copy="resident",
+        switches=(("ddp_overlap", True),),
+        source=f"{_MEGATRON_2019}, --DDP-impl torch; PyTorch 1.x torch/csrc/distributed/c10d/reducer.cpp",
+    ),
+    # DeepSpeed 0.2 stage 2 (bbd8cd7 deepspeed/pt/deepspeed_zero_optimizer.py): fp16 parameters, fp32 master
+    # partition and Adam moments per rank; `step` flattens the rank's averaged gradients into an fp32
+    # partition (`single_partition_of_fp32_groups[i].grad`: Calibration.fp32_grad_shard); gradients are
+    # reduced from the backward hooks in `reduce_bucket_size` buckets on the current stream
+    # (`average_tensor`: the reduction stream only with `overlap_comm`, default False in
+    # deepspeed_zero_config.py and unset in DeepSpeedExamples 5426d18 Megatron-LM/scripts/ds_zero2_config.json):
+    # not overlapped. Stage 1 of that code (zero_optimizer_stage1.py `reduce_scatter_gradients`) flattens
+    # every gradient into sub-partitions to reduce-scatter them (`flatten_dense_tensors_sub_partition_aligned`):
+    # a transient copy; stage 2 reduces bucket by bucket with no such copy.
+    "deepspeed-zero-2020": Implementation(
+        "deepspeed-zero-2020", per_parameter=False, persistence_threshold=0, reduce_bucket_elems=0,
+        ops_per_rank=(0, 0), sync_per_gather=False, memory="code", grad_copy="transient",
+        switches=(("overlap_grad_reduce", False), ("zero_os_stage1", False), ("fp32_grad_shard", 1.0)),
+        source="microsoft/DeepSpeed bbd8cd7: deepspeed/pt/deepspeed_zero_optimizer.py, zero_optimizer_stage1.py, "
+        "deepspeed_zero_config.py; DeepSpeedExamples 5426d18 Megatron-LM/scripts/ds_zero2_config.json",
+    ),
+    # DeepSpeed 0.1.0's ZeRO-OS: the engine all-reduces the gradients (deepspeed_light.py
+    # `allreduce_gradients` -> `buffered_allreduce_fallback`, elements_per_buffer=500000000: each bucket
+    # flattened, all-reduced, copied back), then each rank updates its partition: a transient copy of at most
+    # 5e8 elements, the all-reduce's 1.5x volume (schedule.dp_schedule with zero_os_stage1).
+    "deepspeed-zero-os-2020": Implementation(
+        "deepspeed-zero-os-2020", per_parameter=False, persistence_threshold=0, reduce_bucket_elems=0,
+        ops_per_rank=(0, 0), sync_per_gather=False, memory="code", grad_copy="transient",
+        grad_copy_elems=500_000_000,
+        switches=(("overlap_grad_reduce", False), ("zero_os_stage1", True), ("fp32_grad_shard", 1.0)),
+        source="microsoft/DeepSpeed v0.1.0: deepspeed/pt/deepspeed_light.py buffered_allreduce_fallback",
+    ),
+})  # fmt: skip
+# The code each paper series ran (design.md "Each code priced as itself").
+PAPER_CODES = ("megatron-lm-2019", "pytorch-ddp-2019", "deepspeed-zero-2020", "deepspeed-zero-os-2020")
 
 
 def get(name: str | Implementation) -> Implementation:

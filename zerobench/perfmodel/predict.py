@@ -86,11 +86,13 @@ def predict(
 ) -> Prediction:
     """`attention`: `materialized` (s² scores kept, a separate softmax pass: the paper's 2020 code,
     used by the paper artifacts) or `fused` (flash-style: what today's codes and this engine run).
-    `implementation`: how the ZeRO code issues its collectives (implementation.PROFILES)."""
+    `implementation`: the code priced (implementation.PROFILES): how it issues its collectives and, for the
+    paper's codes, their own memory and overlaps."""
     hw = get_profile(hardware, gpus_per_node)
     validate(model, parallel, hw)
     check_attention(attention)
-    cal = cal.for_hardware(hw.name)
+    impl = get_implementation(implementation)
+    cal = impl.calibrated(cal.for_hardware(hw.name))  # the code's own switches (its overlaps)
     b, ga, mp = train.micro_batch, train.grad_accum, parallel.mp
     recompute = parallel.checkpoint_activations
     _, g_bytes, _ = precision.bytes_pgk
@@ -100,14 +102,13 @@ def predict(
     share = max(1.0, parallel.world_size / hw.gpus_per_node) if hw.ranks_share_compute else 1
     if hw.ranks_share_compute and parallel.world_size > 1:  # the other ranks' kernels share memory and cache
         share *= hw.concurrency_slowdown
-    mem = breakdown(model, parallel, precision, b, hw, cal, attention)
+    mem = breakdown(model, parallel, precision, b, hw, cal, attention, impl)
     mixed = hw.ranks_share_compute and precision.bytes_pgk[0] != 4  # a CPU host computes in fp32
     comp, eff = compute.compute_time(model, mp, b, ga, recompute, hw, cal, attention, act_bytes, share, mixed)
     mp_t, host_t = network.mp_comm_time(
         b, model.seq, model.hidden, model.layers, mp, act_bytes, recompute,
         parallel.partition_activations, parallel.offload_activations, hw, cal,
     )  # fmt: skip
-    impl = get_implementation(implementation)
     psi, (units, kept) = model.num_params / mp, schedule.stage3_units(model, mp, impl)
     reduce_s, exposed_s = network.dp_comm_times(psi, parallel.stage, parallel.dp, mp, g_bytes, hw, cal, ga, units,
                                                 kept, impl.reduce_bucket_elems)  # fmt: skip
@@ -131,7 +132,7 @@ def predict(
     return Prediction(
         fits=mem.fits,
         memory=mem,
-        max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal, attention=attention),
+        max_micro_batch=max_micro_batch(model, parallel, precision, hw, cal, attention=attention, implementation=impl),
         compute_s=comp,
         mp_comm_s=mp_t * ga + network.mp_norm_time(mp, hw, cal) + mp_wait,
         host_copy_s=host_t * ga,

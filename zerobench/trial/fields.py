@@ -55,7 +55,8 @@ SEARCHES = ("run", "model", "emulate")  # the commands with a batch/depth search
 POLICIES = ("listed", "largest_fits")
 # the performance model's implementation profiles (perfmodel/implementation.py PROFILES; a test holds
 # them equal: the engine imports nothing of the model)
-IMPLEMENTATIONS = ("deepspeed-0.3", "efficient")
+IMPLEMENTATIONS = ("deepspeed-0.3", "deepspeed-zero-2020", "deepspeed-zero-os-2020", "efficient",
+                   "megatron-lm-2019", "pytorch-ddp-2019")  # fmt: skip
 TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}  # JSON schema's names
 
 
@@ -257,8 +258,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("cluster", str, "the hardware profile whose network prices the collectives (default: the device's own: "
           "its GPU's profile, or calibrated-cpu)", "emulate", tag="on-", commands=("emulate",),
           schema={"pattern": "^[a-z0-9-]+$"}),
-    Field("implementation", str, "how the ZeRO code issues its collectives (perfmodel/implementation.py); default "
-          "efficient, this engine", "hardware", tag="impl-", commands=PREDICTS, choices=IMPLEMENTATIONS),
+    Field("implementation", str, "the code the trial is priced as: its collectives and, for the paper's codes, their "
+          "memory and overlaps (perfmodel/implementation.py); default efficient, this engine", "hardware",
+          tag="impl-", commands=PREDICTS, choices=IMPLEMENTATIONS),
 )}  # fmt: skip
 SHEET_FIELDS = tuple(name for name, f in FIELDS.items() if f.tag is not None or not f.flag)
 

@@ -17,6 +17,7 @@ from zerobench.artifacts.judging.host_speed import note as host_note
 from zerobench.artifacts.judging.judged_bands import counts as band_counts
 from zerobench.artifacts.judging.judged_bands import headline, inside_of
 from zerobench.artifacts.judging.noisy_rows import mark_noisy
+from zerobench.artifacts.report.blind_section import blind_section
 from zerobench.artifacts.report.gpu_section import gpu_section
 from zerobench.artifacts.report.heldout import heldout_section
 from zerobench.artifacts.report.plan_section import plan_section
@@ -303,7 +304,8 @@ def write_report(
         "|---|---|---|---|---|---|---|---|",
     ]
     table = "\n".join(head[2:] + summary) + "\n\n" + headline(read) + "\n\n" + capped(read)
-    text = "\n\n".join(head[:2]) + "\n\n" + table + "\n\n" + "\n\n".join(sections) + "\n"
+    blind = blind_section(Path(out).parent, read)  # the paper judged blind: the headline, first
+    text = "\n\n".join([*head[:2], *([blind] if blind else []), table, *sections]) + "\n"
     Path(out).write_text(text)
 
 
