@@ -6,7 +6,8 @@ top to bottom; a module may import its own layer and those below it:
 
     cli, checks, fitting -> artifacts -> sweeps, calibrate, peers, plan -> sources (one record per
     source) -> perfmodel -> runtime (the harness that runs the engine) -> trial (a trial's vocabulary)
-    -> the engine (engine.zero -> engine.parallel -> engine.config, model, compile)
+    -> the engine (engine.parallelize, step -> engine.zero -> engine.parallel -> engine.config, model,
+    compile)
     -> the ground floor (memory, flops, results, clock, gpus)
 
 The engine (zerobench/engine/) is the paper's mechanism, readable alone: it imports itself and the
@@ -31,12 +32,13 @@ LAYERS = (
     ("perfmodel",),
     ("runtime",),
     ("trial",),
+    ("engine.parallelize", "engine.step"),  # the engine composed and stepped, over the parts below
     ("engine.zero",),
     ("engine.parallel",),
     ("engine", "engine.config", "engine.model", "engine.compile"),
     ("memory", "flops", "results", "clock", "gpus", "stages", "slow_spells"),  # the ground floor
 )
-ENGINE = LAYERS.index(("engine.zero",))
+ENGINE = LAYERS.index(("engine.parallelize", "engine.step"))
 GROUND = len(LAYERS) - 1
 
 

@@ -9,7 +9,8 @@ import torch
 
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.tensor_parallel import gather_full
-from zerobench.runtime.batches import SyntheticTokens
+from zerobench.engine.step import shifted
+from zerobench.runtime.batches import SyntheticTokens, sequences
 from zerobench.trial import TrialSpec
 
 
@@ -24,9 +25,9 @@ def reference_run(spec: TrialSpec) -> dict:
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
     losses = []
     for step in range(t.steps):
-        tokens = data.global_batch(step, spec.global_batch).to(device)
+        tokens = sequences(data, step, 0, (spec.global_batch,)).to(device)  # every rank's, in rank order
         opt.zero_grad()
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss = model(*shifted(tokens))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
         opt.step()

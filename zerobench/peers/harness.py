@@ -29,9 +29,10 @@ import torch.distributed as dist
 
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.spawn import spawned
+from zerobench.engine.step import shifted
 from zerobench.engine.zero.activations import apply_activation_checkpointing
 from zerobench.gpus import mfu
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.batches import SyntheticTokens, rank_batch
 from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
 from zerobench.trial import TrialSpec
 
@@ -98,8 +99,7 @@ def device_group(device: str):
 def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's (inputs, targets) micro-batches of `step`: the slices our engine takes."""
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
-    tokens = data.global_batch(step, spec.global_batch)
-    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
+    return [shifted(mb) for mb in rank_batch(data, step, spec.train, dp_rank)]
 
 
 # -- collective observer ------------------------------------------------------------------------
