@@ -10,7 +10,7 @@ import torch
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.tensor_parallel import gather_full
 from zerobench.engine.step import shifted
-from zerobench.runtime.batches import SyntheticTokens, sequences
+from zerobench.runtime.batches import sequences, token_source
 from zerobench.trial import TrialSpec
 
 
@@ -22,7 +22,7 @@ def reference_run(spec: TrialSpec) -> dict:
         model = GPT(spec.model)
     model.init_weights(t.seed)
     opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
-    data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
+    data = token_source(spec.data, spec.model.vocab, spec.model.seq, t.seed)
     losses = []
     for step in range(t.steps):
         tokens = sequences(data, step, 0, (spec.global_batch,)).to(device)  # every rank's, in rank order
