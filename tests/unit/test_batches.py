@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from zerobench.engine.config import TrainConfig
-from zerobench.runtime.batches import CorpusTokens, SyntheticTokens, rank_batch, sequences, token_source
+from zerobench.runtime.batches import CorpusTokens, SyntheticTokens, sequences, token_source
+from zerobench.runtime.train import rank_batch
 
 
 def test_each_rank_holds_its_own_micro_batches_and_together_the_same_sequences_whatever_the_layout():

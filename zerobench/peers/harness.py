@@ -32,8 +32,9 @@ from zerobench.engine.parallel.spawn import spawned
 from zerobench.engine.step import shifted
 from zerobench.engine.zero.activations import apply_activation_checkpointing
 from zerobench.gpus import mfu
-from zerobench.runtime.batches import SyntheticTokens, rank_batch
+from zerobench.runtime.batches import SyntheticTokens
 from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
+from zerobench.runtime.train import rank_batch
 from zerobench.trial import TrialSpec
 
 # torch's own peer of each ZeRO stage (zerobench/peers/torch_peers.py)

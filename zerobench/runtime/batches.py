@@ -1,8 +1,6 @@
 """Token sequences that do not depend on the parallel layout: sequence i of step t is drawn alone,
-from a generator seeded by (seed, t, i), so it is the same whatever dp, micro_batch and grad_accum
-are, and a rank draws only the sequences it trains on. DP rank r takes sequences
-r·G·b, ..., (r + 1)·G·b − 1 of the step (b = micro_batch, G = grad_accum), so every layout trains on
-sequences 0 .. N_d·G·b − 1, as a single-process run over them does (checks/reference.py)."""
+from a generator seeded by (seed, t, i), so it is the same whatever the layout is, and a rank draws
+only the sequences it trains on (runtime/train.py `rank_batch` says which)."""
 
 from __future__ import annotations
 
@@ -11,8 +9,6 @@ import os
 from pathlib import Path
 
 import torch
-
-from zerobench.engine.config import TrainConfig
 
 
 def generator(seed: int, step: int, index: int) -> torch.Generator:
@@ -52,6 +48,9 @@ class CorpusTokens:
         row.copy_(self.tokens[start : start + self.seq + 1])
 
 
+TokenSource = SyntheticTokens | CorpusTokens
+
+
 def corpus_path(data: str) -> Path:
     """A text file by path, or by name among the corpora shipped in zerobench/data/."""
     path = Path(data)
@@ -63,25 +62,17 @@ def corpus_path(data: str) -> Path:
     return shipped
 
 
-def token_source(data: str, vocab: int, seq: int, seed: int) -> SyntheticTokens | CorpusTokens:
+def token_source(data: str, vocab: int, seq: int, seed: int) -> TokenSource:
     """`synthetic` (uniform random tokens) or a text corpus (see corpus_path)."""
     if data == "synthetic":
         return SyntheticTokens(vocab, seq, seed)
     return CorpusTokens(corpus_path(data), vocab, seq, seed)
 
 
-def sequences(source: SyntheticTokens | CorpusTokens, step: int, first: int, shape: tuple[int, ...]) -> torch.Tensor:
+def sequences(source: TokenSource, step: int, first: int, shape: tuple[int, ...]) -> torch.Tensor:
     """Sequences `first`, `first` + 1, ... of step `step`, laid out in `shape` × (seq + 1) token
     ids (int64), in order."""
     out = torch.empty(*shape, source.seq + 1, dtype=torch.long)
     for i, row in enumerate(out.view(-1, source.seq + 1)):
         source.fill(row, step, first + i)
     return out
-
-
-def rank_batch(source: SyntheticTokens | CorpusTokens, step: int, train: TrainConfig, dp_rank: int) -> torch.Tensor:
-    """DP rank `dp_rank`'s slice of step `step`, as the engine's step takes it
-    (zerobench/engine/step.py): `train.grad_accum` micro-batches of `train.micro_batch` sequences,
-    (grad_accum, micro_batch, seq + 1) token ids; the ranks before it hold the sequences before."""
-    first = dp_rank * train.grad_accum * train.micro_batch  # the sequences of the ranks before it
-    return sequences(source, step, first, (train.grad_accum, train.micro_batch))

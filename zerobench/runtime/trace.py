@@ -24,9 +24,9 @@ from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
 from zerobench.engine.step import Watch, train_step
 from zerobench.engine.zero.activations import checkpoint_store
-from zerobench.runtime.batches import rank_batch, token_source
+from zerobench.runtime.batches import token_source
 from zerobench.runtime.counter import HOST, StorageCounter
-from zerobench.runtime.train import build_engine
+from zerobench.runtime.train import build_engine, rank_batch
 from zerobench.trial import TrialSpec, short_error
 
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from zerobench import memory
+from zerobench.engine.config import TrainConfig
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
@@ -24,7 +25,7 @@ from zerobench.engine.zero.activations import checkpoint_store
 from zerobench.engine.zero.core import ZeroEngine
 from zerobench.gpus import mfu
 from zerobench.runtime import allocator, faults, probe, snapshot
-from zerobench.runtime.batches import rank_batch, token_source
+from zerobench.runtime.batches import TokenSource, sequences, token_source
 from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
 from zerobench.trial import TrialSpec
 
@@ -35,6 +36,16 @@ def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, d
     with torch.device("meta"):
         model = GPT(spec.model)
     return parallelize(model, ctx, spec.parallel, spec.precision, spec.train, comms, device)
+
+
+def rank_batch(data: TokenSource, step: int, train: TrainConfig, dp_rank: int) -> torch.Tensor:
+    """DP rank `dp_rank`'s own slice of step `step`, as the engine's `train_step` takes it:
+    `train.grad_accum` micro-batches of `train.micro_batch` sequences, (grad_accum, micro_batch,
+    s + 1) token ids. Rank r holds sequences r·G·b ... (r + 1)·G·b − 1 (G = grad_accum, b =
+    micro_batch), so every layout trains on sequences 0 ... N_d·G·b − 1 of the step, as one process
+    over them does (checks/reference.py)."""
+    first = dp_rank * train.grad_accum * train.micro_batch  # the sequences of the ranks before it
+    return sequences(data, step, first, (train.grad_accum, train.micro_batch))
 
 
 def train_steps(engine: ZeroEngine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
