@@ -5,8 +5,9 @@ reductions started as its buckets complete, then the step on the pieces this ran
 ZeRO-DP trains as data parallelism does, on the same N_d · grad_accum · micro_batch sequences).
 
 The slice is a tensor of token ids, (grad_accum, micro_batch, s + 1): micro-batch i trains on
-`batch[i]`, its inputs the first s tokens of each sequence and its targets the last s (`shifted`). No rank
-holds sequences it does not train on: the harness draws only this rank's (runtime/batches.py).
+`batch[i]`, its inputs the first s tokens of each sequence and its targets the last s
+(`shifted`). No rank holds sequences it does not train on: the harness draws only this rank's
+(runtime/train.py `rank_batch`).
 
 `Watch` marks the moments of a step where the memory it makes changes kind (the trace's counter
 files each new storage under the moment it was made in: runtime/trace.py)."""
@@ -42,7 +43,8 @@ def shifted(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train_step(engine: ZeroEngine, batch: torch.Tensor, watch: Watch = PLAIN) -> float:
     """One optimizer step over `batch`, this rank's (grad_accum, micro_batch, s + 1) token ids on
-    the engine's device; returns the mean of its micro-batches' losses (what `watch` reads)."""
+    the engine's device; returns the mean of its micro-batches' losses (each the mean cross-entropy
+    per token, in nats, as `watch` reads it)."""
     accum, micro = engine.train.grad_accum, engine.train.micro_batch
     if batch.shape[:2] != (accum, micro):
         raise ValueError(
