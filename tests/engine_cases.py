@@ -15,19 +15,32 @@ from zerobench.runtime.train import build_engine, train_steps
 from zerobench.trial import TrialSpec
 
 SMALL_BUCKET = 64 * 1024  # bytes: several buckets even for the tiny models
+# Byte tokens of a shipped text: a loss that falls within a few steps (uniform random tokens leave
+# nothing to learn, their loss wanders about ln V), for a test that asks whether a run trains.
+TEXT = "corpus_tinyshakespeare.txt"
 
 
 def spec_for(
-    model="tiny", precision="fp32", steps=5, micro_batch=2, grad_accum=1, device="cpu", compile="off", **parallel
+    model="tiny",
+    precision="fp32",
+    steps=5,
+    micro_batch=2,
+    grad_accum=1,
+    device="cpu",
+    compile="off",
+    data="synthetic",
+    **parallel,
 ) -> TrialSpec:
     """A trial of the tests; eager unless `compile` says otherwise, so that a GPU test compiles
-    nothing cold (tests/gpu/test_emulated_gpu.py compiles, once)."""
+    nothing cold (tests/gpu/test_emulated_gpu.py compiles, once). `data`: the token source
+    (runtime/batches.py token_source)."""
     parallel.setdefault("bucket_bytes", SMALL_BUCKET)
     return TrialSpec(
         model=preset(model),
         parallel=ParallelConfig(**parallel),
         precision=PrecisionConfig(mode=precision, device=device),
         train=TrainConfig(steps=steps, warmup=0, micro_batch=micro_batch, grad_accum=grad_accum, compile=compile),
+        data=data,
     )
 
 

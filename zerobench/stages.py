@@ -15,6 +15,13 @@ STATES = ("param_bytes", "grad_bytes", "optimizer_bytes")  # the model states, a
 RING_UNITS = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}  # Ψ(N_d-1)/N_d per call over Ψ
 
 
+def ring_volume(op: str, n: int) -> float:
+    """Elements one rank sends per element of an `op` over `n` ranks on a ring (NCCL's, §7): its
+    units (RING_UNITS) times (n − 1)/n. The one home of the ring factor: the engine's ledger, the
+    node check and the network model (perfmodel/network.py) read it here."""
+    return RING_UNITS[op] * (n - 1) / n
+
+
 @dataclass(frozen=True)
 class StageRule:
     """One stage. `partitions`: the model states split over N_d (the rest are replicated);

@@ -12,11 +12,13 @@ from torch._dynamo.utils import counters
 
 from tests.engine_cases import engine_run, rel_err, spec_for
 from tests.worlds import threaded
+from zerobench.engine import parallelize as composition
 from zerobench.engine.compile import compiled
 from zerobench.engine.config import ConfigError, TrainConfig
+from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.runtime.train import build_model
+from zerobench.engine.parallelize import parallelize
 from zerobench.sweeps.sheets import trial_id
 from zerobench.trial import configs
 
@@ -43,10 +45,15 @@ def test_trial_ids_are_unchanged_at_the_default():
 
 def _built(rank: int, spec, device: str) -> bool:
     ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
-    return compiled(build_model(spec, ctx, Comms(), torch.device(device)))
+    with torch.device("meta"):
+        model = GPT(spec.model)
+    return compiled(parallelize(model, ctx, spec.parallel, spec.precision, spec.train, Comms(), torch.device(device)))
 
 
-def test_the_model_is_compiled_where_the_field_says():
+def test_the_model_is_compiled_where_the_field_says(monkeypatch):
+    # the composition up to its last step, the engine, which would allocate on the device (no GPU
+    # here): `parallelize` returns the model it composed
+    monkeypatch.setattr(composition, "apply_zero", lambda model, *args: model)
     spec = spec_for("tiny", dp=1, stage=0, compile="auto")
     assert not threaded(1, _built, spec, "cpu")[0]  # auto, on a cpu: every CPU number stays eager
     assert threaded(1, _built, _with_compile(spec, "on"), "cpu")[0]

@@ -18,8 +18,9 @@ from tests.worlds import threaded
 from zerobench.engine.config import ConfigError, PrecisionConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.step import shifted
 from zerobench.runtime import faults
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.trace import rank_slice
 from zerobench.runtime.train import build_engine, train_steps
 
 
@@ -104,8 +105,7 @@ def _overflow_on_rank1(rank, spec):
         return g
 
     hook = wte.register_hook(poison) if rank == 1 else None
-    tokens = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(1, spec.global_batch)
-    (x, y), *_ = micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank)
+    x, y = shifted(rank_slice(spec, ctx.dp.rank, step=1)[0])
     engine.backward(engine.model(x, y))
     stepped = engine.step()
     after = (engine.full_parameters(), states(), float(opt.steps[0]), engine.scaler.scale)

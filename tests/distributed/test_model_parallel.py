@@ -71,7 +71,8 @@ def _norm_and_pad(rank, spec):
 def _reference_norms(spec):
     """Gradient norms of the single-process run (clip_grad_norm_ returns the total norm)."""
     from zerobench.engine.model import GPT
-    from zerobench.runtime.batches import SyntheticTokens
+    from zerobench.engine.step import shifted
+    from zerobench.runtime.batches import SyntheticTokens, sequences
 
     t = spec.train
     model = GPT(spec.model)
@@ -80,9 +81,9 @@ def _reference_norms(spec):
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
     norms = []
     for step in range(t.steps):
-        tokens = data.global_batch(step, spec.global_batch)
+        tokens = sequences(data, step, 0, (spec.global_batch,))
         opt.zero_grad()
-        model(tokens[:, :-1], tokens[:, 1:]).backward()
+        model(*shifted(tokens)).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)))
         opt.step()
     return norms

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.engine_cases import engine_run, reference_run, rel_err, spec_for
+from tests.engine_cases import TEXT, engine_run, reference_run, rel_err, spec_for
 from tests.worlds import spawned, threaded
 from zerobench.engine.config import ConfigError, ParallelConfig, PrecisionConfig, TrainConfig, preset
 from zerobench.engine.model import GPT, Linear
@@ -89,9 +89,9 @@ def test_parity_variants(dp, variant):
 
 
 def test_bf16_and_fp16_track_fp32():
-    fp32 = threaded(2, engine_run, spec_for("tiny", dp=2, stage=3, steps=8))[0]
+    fp32 = threaded(2, engine_run, spec_for("tiny", dp=2, stage=3, steps=8, data=TEXT))[0]
     for mode in ("bf16", "fp16"):  # fp16 with dynamic loss scaling
-        r = threaded(2, engine_run, spec_for("tiny", mode, dp=2, stage=3, steps=8))[0]
+        r = threaded(2, engine_run, spec_for("tiny", mode, dp=2, stage=3, steps=8, data=TEXT))[0]
         assert r["losses"][-1] < r["losses"][0], mode  # it trains
         for a, b in zip(r["losses"], fp32["losses"]):
             assert a == pytest.approx(b, rel=2e-2), mode

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from tests.engine_cases import engine_run, reference_run, rel_err, spec_for, whole_parameters
+from tests.engine_cases import TEXT, engine_run, reference_run, rel_err, spec_for, whole_parameters
 from tests.worlds import spawned, threaded
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
@@ -91,16 +91,16 @@ def test_communication_with_accumulation(stage, per_step):
 
 
 def test_bf16_tracks_fp32():
-    fp32 = threaded(2, engine_run, spec_for("tiny", dp=2, stage=2, steps=8))[0]
-    bf16 = threaded(2, engine_run, spec_for("tiny", "bf16", dp=2, stage=2, steps=8))[0]
+    fp32 = threaded(2, engine_run, spec_for("tiny", dp=2, stage=2, steps=8, data=TEXT))[0]
+    bf16 = threaded(2, engine_run, spec_for("tiny", "bf16", dp=2, stage=2, steps=8, data=TEXT))[0]
     assert bf16["losses"][-1] < bf16["losses"][0]  # it trains
     for a, b in zip(bf16["losses"], fp32["losses"]):
         assert a == pytest.approx(b, rel=2e-2)
 
 
 def test_fp16_loss_scaling_trains():
-    r = threaded(2, engine_run, spec_for("tiny", "fp16", dp=2, stage=1, steps=8))[0]
-    fp32 = threaded(2, engine_run, spec_for("tiny", dp=2, stage=1, steps=8))[0]
+    r = threaded(2, engine_run, spec_for("tiny", "fp16", dp=2, stage=1, steps=8, data=TEXT))[0]
+    fp32 = threaded(2, engine_run, spec_for("tiny", dp=2, stage=1, steps=8, data=TEXT))[0]
     assert r["losses"][-1] < r["losses"][0]
     assert r["losses"][-1] == pytest.approx(fp32["losses"][-1], rel=2e-2)
 

@@ -14,9 +14,9 @@ from zerobench.clock import EventMarks, device_clock
 from zerobench.engine.config import PrecisionConfig
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms, Ledger
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.engine.step import shifted
 from zerobench.runtime.launch import run_trial
-from zerobench.runtime.trace import trace_record
+from zerobench.runtime.trace import rank_slice, trace_record
 from zerobench.runtime.train import build_engine, train_steps
 from zerobench.trial import TrialSpec
 
@@ -97,8 +97,7 @@ def test_fp16_trains_and_an_overflow_skips_the_step():
     opt = engine.optimizer
     states = lambda: [t.clone() for t in (opt.master_flat, opt.exp_avg_flat, opt.exp_avg_sq_flat)]  # noqa: E731
     before = (engine.full_parameters(), states(), float(opt.steps[0]))
-    tokens = SyntheticTokens(fp16.model.vocab, fp16.model.seq, 0).global_batch(99, fp16.global_batch).to(device)
-    (x, y), *_ = micro_batches(tokens, micro_batch=fp16.train.micro_batch, dp=1, dp_rank=0)
+    x, y = shifted(rank_slice(fp16, 0, step=99)[0].to(device))
     engine.backward(engine.model(x, y) * 1e6)
     assert engine.step() is False
     after = (engine.full_parameters(), states(), float(opt.steps[0]))

@@ -19,7 +19,7 @@ from zerobench.engine.zero.buffers import no_reuse
 from zerobench.perfmodel.replay import stall_s
 from zerobench.runtime.counter import LiveCounter
 from zerobench.runtime.emulate import check, emulate
-from zerobench.runtime.trace import build_counted, counted_step, rank_micro_batches, trace_step
+from zerobench.runtime.trace import build_counted, counted_step, rank_slice, trace_step
 
 LEDGER_KEYS = ("calls", "elements", "bytes", "volume_elements", "volume_bytes")
 MEMORY = ("param", "grad", "optimizer")
@@ -155,7 +155,7 @@ def _real_rank(rank, specs):
         comms = Comms()
         with LiveCounter() as counter, no_reuse():
             engine = build_counted(spec, ctx, comms, counter, torch.device("cpu"))
-            out.append(counted_step(engine, comms, counter, rank_micro_batches(spec, ctx.dp.rank)))
+            out.append(counted_step(engine, comms, counter, rank_slice(spec, ctx.dp.rank)))
     return out
 
 

@@ -7,7 +7,8 @@ top to bottom; a module may import its own layer and those below it:
     cli, checks, fitting -> artifacts (report -> claims -> plots -> tables -> judging) -> sweeps,
     microbench, peers, plan -> sources (one record per source) -> perfmodel -> runtime (the harness that
     runs the engine) -> trial (a trial's vocabulary)
-    -> the engine (engine.zero -> engine.parallel -> engine.config, model, compile)
+    -> the engine (engine.parallelize, step -> engine.zero -> engine.parallel -> engine.config, model,
+    compile)
     -> the ground floor (memory, flops, record_files, paper_reference, clock, gpus)
 
 The engine (zerobench/engine/) is the paper's mechanism, readable alone: it imports itself and the
@@ -36,6 +37,7 @@ LAYERS = (
     ("perfmodel",),
     ("runtime",),
     ("trial",),
+    ("engine.parallelize", "engine.step"),  # the engine composed and stepped, over the parts below
     ("engine.zero",),
     ("engine.parallel",),
     ("engine", "engine.config", "engine.model", "engine.compile"),
@@ -50,7 +52,7 @@ LAYERS = (
         "slow_spells",
     ),  # the ground floor
 )
-ENGINE = LAYERS.index(("engine.zero",))
+ENGINE = LAYERS.index(("engine.parallelize", "engine.step"))
 GROUND = len(LAYERS) - 1
 
 

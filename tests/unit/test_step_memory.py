@@ -12,9 +12,9 @@ from tests.worlds import threaded
 from zerobench.engine.config import ParallelConfig, PrecisionConfig, preset
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.step import shifted
 from zerobench.engine.zero.optimizer import clip_, global_grad_norm
-from zerobench.runtime.batches import SyntheticTokens, micro_batches, token_source
-from zerobench.runtime.trace import trace_record, traced_engine
+from zerobench.runtime.trace import rank_slice, trace_record, traced_engine
 from zerobench.runtime.train import build_engine
 from zerobench.trial import TrialSpec
 
@@ -24,18 +24,14 @@ ROW = 4096  # elements per row of the norm's fp32 partial sums (zero/optimizer.p
 def _step_temporary(spec) -> tuple[int, list[int], int]:
     """Traced: the bytes the step alone allocates at its high-water mark (beyond what backward
     left alive), the elements of each gradient piece, and Ψ."""
-    data = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed)
-    mbs = list(
-        micro_batches(
-            data.global_batch(0, spec.global_batch), micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=0
-        )
-    )
+    real = rank_slice(spec, 0)
     with traced_engine(spec) as (engine, _, _, counter):
-        for i, (x, y) in enumerate(mbs):
+        batch = counter.from_tensor(real)
+        for i in range(spec.train.grad_accum):
             counter.phase = "activation"
-            loss = engine.model(counter.from_tensor(x), counter.from_tensor(y))
+            loss = engine.model(*shifted(batch[i]))
             counter.phase = "temporary"
-            engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
+            engine.backward(loss, last_micro_batch=i == spec.train.grad_accum - 1)
             del loss
         left = counter.bytes["temporary"]
         counter.reset_high()
@@ -100,9 +96,7 @@ def _steps_alike(rank: int, spec) -> None:
     norm and the same master weights, to the bit."""
     ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
     engine = build_engine(spec, ctx, Comms(), torch.device("cpu"))
-    tokens = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(0, spec.global_batch)
-    x, y = next(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank))
-    engine.backward(engine.model(x, y))
+    engine.backward(engine.model(*shifted(rank_slice(spec, ctx.dp.rank)[0])))
     old = copy.deepcopy(engine.optimizer)
     grads = [g.float().div_(engine.scaler.scale) for g in engine.grad_pieces]
     norm = global_grad_norm(grads, Comms(), engine.shard_groups)

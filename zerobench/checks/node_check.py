@@ -48,7 +48,7 @@ from zerobench.perfmodel.engine_memory import NCCL_COMMUNICATOR_BYTES
 from zerobench.perfmodel.kernels import ENGINE_ATTENTION
 from zerobench.runtime.launch import classify
 from zerobench.runtime.train import build_engine, measure, train_steps
-from zerobench.stages import RING_UNITS, rule
+from zerobench.stages import ring_volume, rule
 from zerobench.trial import TrialSpec, configs, short_error
 
 GATES = ("parity", "ledger", "memory")
@@ -101,7 +101,7 @@ def ledger_failures(ledger: dict, stage: int, padded: int, dp: int, elem_bytes: 
     any other DP op at most SCALARS elements a call. Empty when they agree."""
     expected = Counter()
     for op in rule(stage).collectives:
-        expected[op] += RING_UNITS[op] * padded * (dp - 1) / dp
+        expected[op] += ring_volume(op, dp) * padded
     out = []
     for key, e in ledger.items():
         op, group = key.split("/")

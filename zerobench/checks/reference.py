@@ -9,7 +9,8 @@ import torch
 
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel.tensor_parallel import gather_full
-from zerobench.runtime.batches import SyntheticTokens
+from zerobench.engine.step import shifted
+from zerobench.runtime.batches import sequences, token_source
 from zerobench.trial import TrialSpec
 
 
@@ -21,12 +22,12 @@ def reference_run(spec: TrialSpec) -> dict:
         model = GPT(spec.model)
     model.init_weights(t.seed)
     opt = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
-    data = SyntheticTokens(spec.model.vocab, spec.model.seq, t.seed)
+    data = token_source(spec.data, spec.model.vocab, spec.model.seq, t.seed)
     losses = []
     for step in range(t.steps):
-        tokens = data.global_batch(step, spec.global_batch).to(device)
+        tokens = sequences(data, step, 0, (spec.global_batch,)).to(device)  # every rank's, in rank order
         opt.zero_grad()
-        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss = model(*shifted(tokens))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
         opt.step()

@@ -291,7 +291,7 @@ class TrainConfig:
         _positive_ints(self, "micro_batch", "grad_accum", "steps")
         _require(isinstance(self.warmup, int) and self.warmup >= 0, "warmup", "must be an integer >= 0", self.warmup)
         _finite(self, "lr", "eps", "weight_decay", "clip_norm")
-        seed_ok = type(self.seed) is int and 0 <= self.seed < 2**32  # SyntheticTokens seeds with seed·10⁶ + step
+        seed_ok = type(self.seed) is int and 0 <= self.seed < 2**32  # the init's and each sequence's generators
         _require(seed_ok, "seed", "must be an integer in [0, 2**32)", self.seed)
         _require(self.lr > 0, "lr", "must be > 0", self.lr)
         pair = isinstance(self.betas, tuple) and len(self.betas) == 2

@@ -1,7 +1,8 @@
-"""Our engine in the comparison: `zerobench.runtime.train.build_engine` and `train_steps`, exactly the path
-a `zerobench run` trial takes. After its timed steps it issues their collectives again with no
-compute (`collective_seconds`): what this machine's gloo costs per step at that stage, the
-`bound` row's share over the floor (runner.py)."""
+"""Our engine in the comparison, exactly the path a `zerobench run` trial takes: composed by the
+engine's `parallelize` and stepped by its `train_step` over each rank's own slice
+(zerobench/runtime/train.py `build_engine`, `train_steps`). After its timed steps it issues their
+collectives again with no compute (`collective_seconds`): what this machine's gloo costs per step
+at that stage, the `bound` row's share over the floor (runner.py)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,10 @@ import torch
 import torch.distributed as dist
 
 from zerobench.engine.model import GPT
+from zerobench.engine.step import shifted
 from zerobench.engine.zero.activations import apply_activation_checkpointing
-from zerobench.runtime.batches import SyntheticTokens, micro_batches
+from zerobench.runtime.batches import SyntheticTokens
+from zerobench.runtime.train import rank_batch
 
 
 class Unavailable(Exception):
@@ -42,8 +44,7 @@ def device_group(device: str):
 def rank_batches(spec, dp_rank: int, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's (inputs, targets) micro-batches of `step`: the slices our engine takes."""
     data = SyntheticTokens(spec.model.vocab, spec.model.seq, spec.train.seed)
-    tokens = data.global_batch(step, spec.global_batch)
-    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
+    return [shifted(mb) for mb in rank_batch(data, step, spec.train, dp_rank)]
 
 
 def finish_step(loss: torch.Tensor, model: torch.nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> float:

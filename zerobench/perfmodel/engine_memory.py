@@ -32,8 +32,8 @@ over MP; P = t·h/N_m, one MP rank's slice.
   until it is reduce-scattered, with at most `MAX_IN_FLIGHT` reductions outstanding beside the
   bucket being filled; stage 1 keeps every reduced chunk until backward ends.
 - The step: one piece's fp32 gradient at a time (zero/core.py), 16-bit gradients only.
-- The token batch: every rank holds the whole global batch (runtime/train.py moves it to
-  the device before taking its micro-batches), b·N_d·m·(s+1) int64.
+- The token ids: each rank holds its own slice of the step's sequences on the device, its
+  grad_accum micro-batches (runtime/batches.py, engine/step.py), b·grad_accum·(s+1) int64.
 """
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def _tensors(
     rows = -(-model.vocab // m)
     layout, managed = flat_layout(model, m, dp, stage, parallel.bucket_bytes // p, parallel.persistence_threshold)
     states = model_states(layout, stage, managed, precision)
-    fixed = sum(states.values()) + micro_batch * dp * grad_accum * (model.seq + 1) * TOKEN
+    fixed = sum(states.values()) + micro_batch * grad_accum * (model.seq + 1) * TOKEN
     emb = rows * h * a  # one gradient of the tied embedding (this rank's rows)
     # 16-bit storage computed in fp32 (a CPU host): F.linear and layer_norm save each weight's cast
     # (model.py `_Cast`); stage 3 saves a token instead and casts again in backward

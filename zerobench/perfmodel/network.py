@@ -34,7 +34,7 @@ from zerobench.perfmodel import nccl_table
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.schedule import dp_schedule
-from zerobench.stages import RING_UNITS
+from zerobench.stages import RING_UNITS, ring_volume
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,8 @@ class Ring:
     def bytes_s(self, nbytes: float) -> float:
         """Seconds a reduce-scatter (or all-gather) of `nbytes` spends moving bytes, latency aside."""
         k, m = self.per_node, self.nodes
-        inter = (m - 1) / m * nbytes / k / self.inter_bw if m > 1 else 0.0
-        return (k - 1) / k * nbytes / self.intra_bw + inter
+        inter = ring_volume("reduce_scatter", m) * nbytes / k / self.inter_bw if m > 1 else 0.0
+        return ring_volume("reduce_scatter", k) * nbytes / self.intra_bw + inter
 
     def choice(self, op: str, nbytes: float) -> nccl_table.Choice:
         """How NCCL runs one call of `op` on `nbytes` over this group (nccl_table.choose)."""
@@ -110,13 +110,13 @@ class Measured:
         return calls * _along(self.curves[op], factor * nbytes / calls, self.bandwidth[op])
 
     def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
-        return self._time("reduce_scatter", (self.size - 1) / self.size, nbytes, calls)
+        return self._time("reduce_scatter", ring_volume("reduce_scatter", self.size), nbytes, calls)
 
     def all_gather(self, nbytes: float, calls: int = 1) -> float:
-        return self._time("all_gather", (self.size - 1) / self.size, nbytes, calls)
+        return self._time("all_gather", ring_volume("all_gather", self.size), nbytes, calls)
 
     def all_reduce(self, nbytes: float, calls: int = 1) -> float:
-        return self._time("all_reduce", 2 * (self.size - 1) / self.size, nbytes, calls)
+        return self._time("all_reduce", ring_volume("all_reduce", self.size), nbytes, calls)
 
 
 def _along(points: tuple, volume: float, bw: float) -> float:

@@ -1,29 +1,37 @@
-"""Token batches that do not depend on the parallel layout: the global batch of step t is the
-same whatever dp and grad_accum are, and each (micro-batch, DP rank) takes a fixed slice of it,
-so any layout can be compared with a single-process run over the whole global batch."""
+"""Token sequences that do not depend on the parallel layout: sequence i of step t is drawn alone,
+from a generator seeded by (seed, t, i), so it is the same whatever the layout is, and a rank draws
+only the sequences it trains on (runtime/train.py `rank_batch` says which)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 import torch
 
 
+def generator(seed: int, step: int, index: int) -> torch.Generator:
+    """Sequence `index` of step `step`'s own generator: the three mixed into a 64-bit seed
+    (blake2b), so no two sequences share one."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
+
+
 class SyntheticTokens:
-    """Uniform random tokens from a generator seeded by (seed, step)."""
+    """Uniform random tokens."""
 
     def __init__(self, vocab: int, seq: int, seed: int):
         self.vocab, self.seq, self.seed = vocab, seq, seed
 
-    def global_batch(self, step: int, n: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        return torch.randint(0, self.vocab, (n, self.seq + 1), generator=gen)
+    def fill(self, row: torch.Tensor, step: int, index: int) -> None:
+        """Write sequence `index` of step `step` (seq + 1 token ids) into `row`."""
+        torch.randint(0, self.vocab, row.shape, generator=generator(self.seed, step, index), out=row)
 
 
 class CorpusTokens:
-    """Byte-level tokens (vocabulary 256) of a text file: the global batch of step t is n windows
-    of seq + 1 bytes at offsets drawn from a generator seeded by (seed, step)."""
+    """Byte-level tokens (vocabulary 256) of a text file: sequence i of step t is the window of
+    seq + 1 bytes at an offset drawn from its own generator."""
 
     def __init__(self, path: str | os.PathLike, vocab: int, seq: int, seed: int):
         if vocab < 256:
@@ -33,10 +41,14 @@ class CorpusTokens:
             raise ValueError(f"data={path}: {len(self.tokens)} bytes, fewer than seq + 2 ({seq + 2})")
         self.seq, self.seed = seq, seed
 
-    def global_batch(self, step: int, n: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.tokens) - self.seq - 1, (n,), generator=gen)
-        return torch.stack([self.tokens[s : s + self.seq + 1] for s in starts.tolist()])
+    def fill(self, row: torch.Tensor, step: int, index: int) -> None:
+        """Write sequence `index` of step `step` (seq + 1 token ids) into `row`."""
+        gen = generator(self.seed, step, index)
+        start = int(torch.randint(0, len(self.tokens) - self.seq - 1, (1,), generator=gen))
+        row.copy_(self.tokens[start : start + self.seq + 1])
+
+
+TokenSource = SyntheticTokens | CorpusTokens
 
 
 def corpus_path(data: str) -> Path:
@@ -50,19 +62,17 @@ def corpus_path(data: str) -> Path:
     return shipped
 
 
-def token_source(data: str, vocab: int, seq: int, seed: int):
+def token_source(data: str, vocab: int, seq: int, seed: int) -> TokenSource:
     """`synthetic` (uniform random tokens) or a text corpus (see corpus_path)."""
     if data == "synthetic":
         return SyntheticTokens(vocab, seq, seed)
     return CorpusTokens(corpus_path(data), vocab, seq, seed)
 
 
-def micro_batches(tokens: torch.Tensor, *, micro_batch: int, dp: int, dp_rank: int):
-    """Yield (inputs, targets) of this DP rank's micro-batches, `micro_batch` sequences each, one per
-    micro-step of the global batch `tokens`; sample order is [micro][rank][b]."""
-    per_step = micro_batch * dp  # sequences one micro-step takes over all DP ranks
-    if tokens.shape[0] % per_step:
-        raise ValueError(f"micro_batch={micro_batch}: {tokens.shape[0]} sequences are not micro-steps of {per_step}")
-    for lo in range(dp_rank * micro_batch, tokens.shape[0], per_step):
-        chunk = tokens[lo : lo + micro_batch]
-        yield chunk[:, :-1], chunk[:, 1:]
+def sequences(source: TokenSource, step: int, first: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Sequences `first`, `first` + 1, ... of step `step`, laid out in `shape` × (seq + 1) token
+    ids (int64), in order."""
+    out = torch.empty(*shape, source.seq + 1, dtype=torch.long)
+    for i, row in enumerate(out.view(-1, source.seq + 1)):
+        source.fill(row, step, first + i)
+    return out

@@ -32,7 +32,7 @@ from zerobench.runtime.counter import LiveCounter
 from zerobench.runtime.devices import StepTimer, hardware_profile
 from zerobench.runtime.emulated_comms import EmulatedComms
 from zerobench.runtime.launch import classify, release
-from zerobench.runtime.trace import build_counted, counted_step, fake_world, rank_micro_batches
+from zerobench.runtime.trace import build_counted, counted_step, fake_world, rank_slice
 from zerobench.runtime.train import StepLog, cap_error, train_steps
 from zerobench.trial import TrialSpec, short_error
 
@@ -122,9 +122,9 @@ def _emulate(spec: TrialSpec, rank: int, device: torch.device, reserved_bytes: f
         with LiveCounter(device_type=device.type) as counter, no_reuse():
             engine = build_counted(spec, ctx, comms, counter, device)
             build_peak = torch.cuda.max_memory_allocated(device) if cuda else counter.build_peak
-            mbs = [(x.to(device), y.to(device)) for x, y in rank_micro_batches(spec, ctx.dp.rank)]
-            counted = counted_step(engine, comms, counter, mbs)  # the first step: bytes as the trace counts
-        del mbs
+            batch = rank_slice(spec, ctx.dp.rank).to(device)
+            counted = counted_step(engine, comms, counter, batch)  # the first step: bytes as the trace counts
+        del batch
         # on a host nothing fails to allocate: the counted peak is held against the cap
         if not cuda and (error := cap_error(spec, counted["peak_bytes"], "tensor peak")):
             return spec.record("emulated", status="oom", error=error, extra=_extra(rank))

@@ -22,10 +22,11 @@ import torch.distributed as dist
 from zerobench import memory
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
+from zerobench.engine.step import Watch, train_step
 from zerobench.engine.zero.activations import checkpoint_store
-from zerobench.runtime.batches import micro_batches, token_source
+from zerobench.runtime.batches import token_source
 from zerobench.runtime.counter import HOST, StorageCounter
-from zerobench.runtime.train import build_engine
+from zerobench.runtime.train import build_engine, rank_batch
 from zerobench.trial import TrialSpec, short_error
 
 COUNTER = "StorageCounter"  # the engine's own dispatch-mode counter of live storage bytes, by category
@@ -70,26 +71,38 @@ def build_counted(spec: TrialSpec, ctx, comms: Comms, counter, device: torch.dev
     return engine
 
 
-def counted_step(engine, comms: Comms, counter, mbs: list) -> dict:
-    """One step (every micro-batch of `mbs`, then the optimizer) under `counter`, entered by the
-    caller: the step's bytes by category, its peak and the ledger of its collectives."""
-    counter.tag([t for mb in mbs for t in mb], "other")  # the token batch: data, not activations
+class _Phases(Watch):
+    """The step's moments for `counter`: what forward makes is an activation, what backward and
+    the optimizer make a temporary; the most activation bytes forward left (`activation`). Fake
+    tensors hold no values: no loss is read."""
+
+    def __init__(self, counter):
+        self.counter, self.activation = counter, 0
+
+    def forward(self) -> None:
+        self.counter.phase = "activation"
+
+    def backward(self) -> None:
+        self.activation = max(self.activation, self.counter.bytes["activation"])  # what forward keeps for backward
+        self.counter.phase = "temporary"
+
+    def loss(self, loss: torch.Tensor) -> float:
+        return 0.0
+
+
+def counted_step(engine, comms: Comms, counter, batch: torch.Tensor) -> dict:
+    """One step of the engine (`train_step` over this rank's slice `batch`) under `counter`,
+    entered by the caller: the step's bytes by category, its peak and the ledger of its collectives."""
+    counter.tag([batch], "other")  # the token ids: data, not activations
     comms.ledger.reset()  # the step's traffic only, as `zerobench run` counts timed steps
     counter.reset_peak()
     counter.reset_high()
-    activation = 0
-    for i, (x, y) in enumerate(mbs):
-        counter.phase = "activation"
-        loss = engine.model(x, y)
-        activation = max(activation, counter.bytes["activation"])  # what forward keeps for backward
-        counter.phase = "temporary"
-        engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
-        del loss
-    engine.step()
+    phases = _Phases(counter)
+    train_step(engine, batch, phases)
     counter.phase = "other"
     return {
         "bytes": dict(counter.bytes),
-        "activation_bytes": activation,
+        "activation_bytes": phases.activation,
         "peak_bytes": counter.peak,
         "peak_breakdown": counter.peak_bytes,
         "host_peak_bytes": counter.host_peak,
@@ -100,13 +113,11 @@ def counted_step(engine, comms: Comms, counter, mbs: list) -> dict:
     }
 
 
-def rank_micro_batches(spec: TrialSpec, dp_rank: int, step: int = 0) -> list:
-    """The real token micro-batches (b·(s+1) integers per sequence) of DP rank `dp_rank` at `step`,
-    drawn as `zerobench run` draws them."""
-    tokens = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed).global_batch(
-        step, spec.global_batch
-    )
-    return list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=spec.parallel.dp, dp_rank=dp_rank))
+def rank_slice(spec: TrialSpec, dp_rank: int, step: int = 0) -> torch.Tensor:
+    """DP rank `dp_rank`'s token ids at `step` ((grad_accum, micro_batch, s + 1) integers), drawn
+    as `zerobench run` draws them."""
+    data = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed)
+    return rank_batch(data, step, spec.train, dp_rank)
 
 
 @contextmanager
@@ -140,11 +151,11 @@ def trace_step(spec: TrialSpec) -> dict:
     """Build the engine and run one step (every micro-batch, then the optimizer) under fake
     tensors; return the counts the record is made of."""
     t0 = time.perf_counter()
-    real = rank_micro_batches(spec, 0)  # world rank 0 is DP rank 0
+    real = rank_slice(spec, 0)  # world rank 0 is DP rank 0
     with traced_engine(spec) as (engine, ctx, comms, counter):
-        mbs = [(counter.from_tensor(x), counter.from_tensor(y)) for x, y in real]
+        batch = counter.from_tensor(real)
         built = time.perf_counter()
-        out = counted_step(engine, comms, counter, mbs)
+        out = counted_step(engine, comms, counter, batch)
         return {**out, "build_s": built - t0, "step_s": time.perf_counter() - built}
 
 

@@ -1,12 +1,9 @@
-"""The measured trial (`source: measured`): build the trained thing from the plain model, warm up,
-time steps, and make the record. The rank worker and the launcher are in zerobench/runtime/launch.py.
-
-The trained thing is composed, as torchtitan composes it: the plain GPT (zerobench/engine/model.py) is
-built on the meta device, split for Megatron MP (`apply_tensor_parallel`, paper §4.3), each
-block's compute compiled where the trial says so (`apply_compile`; by default on cuda, never on
-cpu), checkpointed per block with ZeRO-R's P_a / P_a+cpu / M_D (`apply_activation_checkpointing`,
-§6), and wrapped in its ZeRO-DP stage's engine (`apply_zero`, §5), which allocates on the device
-only what its stage keeps and fills it from the model's initial values, one parameter at a time."""
+"""The measured trial (`source: measured`): build the engine, warm up, time steps, and make the
+record. The rank worker and the launcher are in zerobench/runtime/launch.py; what trains is the
+engine's own: the plain GPT (zerobench/engine/model.py) built on the meta device and composed by
+`parallelize` (zerobench/engine/parallelize.py: MP, compile, ZeRO-R, ZeRO-DP), one optimizer step
+at a time by `train_step` (zerobench/engine/step.py) over this rank's own slice of the step's
+sequences (zerobench/runtime/batches.py)."""
 
 from __future__ import annotations
 
@@ -18,60 +15,48 @@ import torch
 import torch.distributed as dist
 
 from zerobench import memory
-from zerobench.engine.compile import apply_compile
+from zerobench.engine.config import TrainConfig
 from zerobench.engine.model import GPT
 from zerobench.engine.parallel import topology
 from zerobench.engine.parallel.comms import Comms
-from zerobench.engine.parallel.megatron import apply_tensor_parallel
-from zerobench.engine.zero.activations import apply_activation_checkpointing, checkpoint_store
-from zerobench.engine.zero.apply import apply_zero
+from zerobench.engine.parallelize import parallelize
+from zerobench.engine.step import train_step
+from zerobench.engine.zero.activations import checkpoint_store
+from zerobench.engine.zero.core import ZeroEngine
 from zerobench.gpus import mfu
 from zerobench.runtime import allocator, faults, probe, snapshot
-from zerobench.runtime.batches import micro_batches, token_source
+from zerobench.runtime.batches import TokenSource, sequences, token_source
 from zerobench.runtime.devices import StepTimer, hardware_profile, peak_memory
 from zerobench.trial import TrialSpec
 
 
-def build_model(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device) -> GPT:
-    """This rank's model on the meta device (shapes only, nothing allocated): split over its MP
-    group, its blocks compiled for `device` and checkpointed as the spec says, in the storage
-    dtype. The engine allocates it."""
+def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device) -> ZeroEngine:
+    """The trial's engine on this rank: its plain model on the meta device (shapes only, nothing
+    allocated), composed by the engine's `parallelize`, which allocates only what the stage keeps."""
     with torch.device("meta"):
         model = GPT(spec.model)
-    apply_tensor_parallel(model, ctx.mp, comms)
-    if spec.train.compiles(device.type):  # inside the checkpoint: its boundary stays eager
-        apply_compile(model)
-    if spec.parallel.checkpoint_activations:
-        apply_activation_checkpointing(model, spec.parallel, ctx.mp, comms)
-    return model.set_dtypes(spec.precision.storage_dtype, spec.precision.compute_dtype)
+    return parallelize(model, ctx, spec.parallel, spec.precision, spec.train, comms, device)
 
 
-def build_engine(spec: TrialSpec, ctx: topology.ParallelContext, comms: Comms, device: torch.device):
-    """The model and its engine for this rank (every stage, every precision), built in the memory
-    it trains in: the engine allocates only what its stage keeps and fills it from the
-    single-process model's initial values, one parameter at a time (paper §5.3: no rank holds the
-    whole model)."""
-    model = build_model(spec, ctx, comms, device)
-    values = model.initial_values(spec.train.seed, device)
-    return apply_zero(model, ctx, spec.parallel, spec.precision, spec.train, comms, device, values)
+def rank_batch(data: TokenSource, step: int, train: TrainConfig, dp_rank: int) -> torch.Tensor:
+    """DP rank `dp_rank`'s own slice of step `step`, as the engine's `train_step` takes it:
+    `train.grad_accum` micro-batches of `train.micro_batch` sequences, (grad_accum, micro_batch,
+    s + 1) token ids. Rank r holds sequences r·G·b ... (r + 1)·G·b − 1 (G = grad_accum, b =
+    micro_batch), so every layout trains on sequences 0 ... N_d·G·b − 1 of the step, as one process
+    over them does (checks/reference.py)."""
+    first = dp_rank * train.grad_accum * train.micro_batch  # the sequences of the ranks before it
+    return sequences(data, step, first, (train.grad_accum, train.micro_batch))
 
 
-def train_steps(engine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
-    """Run `steps` optimizer steps; returns this rank's mean micro-batch loss of each step.
-    `on_step(step, loss)` is called after each."""
+def train_steps(engine: ZeroEngine, spec: TrialSpec, ctx, steps: int, first_step: int = 0, on_step=None) -> list[float]:
+    """Run `steps` optimizer steps from step `first_step`, each on this rank's own slice moved to
+    the engine's device; returns this rank's mean micro-batch loss of each step. `on_step(step,
+    loss)` is called after each."""
     data = token_source(spec.data, spec.model.vocab, spec.model.seq, spec.train.seed)
     losses = []
     for step in range(first_step, first_step + steps):
         faults.at_step(step, ctx.rank)  # watchdog progress; the injected fault, if any
-        tokens = data.global_batch(step, spec.global_batch).to(engine.device)
-        total = 0.0
-        mbs = list(micro_batches(tokens, micro_batch=spec.train.micro_batch, dp=ctx.dp.size, dp_rank=ctx.dp.rank))
-        for i, (x, y) in enumerate(mbs):
-            loss = engine.model(x, y)
-            engine.backward(loss, last_micro_batch=i == len(mbs) - 1)
-            total += loss.item()
-        engine.step()
-        losses.append(total / len(mbs))
+        losses.append(train_step(engine, rank_batch(data, step, spec.train, ctx.dp.rank).to(engine.device)))
         if on_step:
             on_step(step, losses[-1])
     return losses

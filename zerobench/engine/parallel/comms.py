@@ -29,20 +29,22 @@ import torch.distributed as dist
 
 from zerobench.clock import EventMarks, HostMarks, tensor_marks
 from zerobench.engine.parallel.topology import Group
+from zerobench.stages import ring_volume
 
 # torch 2.13 renamed the single-tensor collectives (the old names warn, FutureWarning); torch 2.11
 # has only the old ones. Decided here, once: same arguments in both.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
-_RING_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "copy_to_host": lambda n: 1.0,
-    "copy_to_device": lambda n: 1.0,
-}
+ONCE = ("broadcast", "copy_to_host", "copy_to_device")  # ops whose volume is their message, sent once
+
+
+def volume_factor(op: str, n: int) -> float:
+    """Elements a rank sends per message element of `op` over `n` ranks: the ring's
+    (zerobench/stages.py ring_volume) for the reductions and gathers, 1 for the rest."""
+    if op in ONCE:
+        return 1.0
+    return ring_volume(op, n)
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Ledger:
 
     def record(self, op: str, group: str, numel: int, elem_bytes: int, group_size: int) -> Entry:
         e = self._entries[(op, group)]
-        factor = _RING_FACTOR[op](group_size)
+        factor = volume_factor(op, group_size)
         e.calls += 1
         e.elements += numel
         e.bytes += numel * elem_bytes
