@@ -56,7 +56,7 @@ class PlanRequest:
         gpn = hw.gpus_per_node
         if self.gpus > gpn and self.gpus % gpn:
             raise ConfigError(f"gpus={self.gpus}: not whole nodes of {gpn} GPUs ({hw.name}): {self.gpus // gpn} "
-                              f"nodes and {self.gpus % gpn} GPUs; plan {self.gpus // gpn * gpn} or "
+                              f"nodes and {self.gpus % gpn} left over; plan {self.gpus // gpn * gpn} or "
                               f"{-(-self.gpus // gpn) * gpn}, or give --gpus-per-node")  # fmt: skip
         if self.mp is not None:
             for name, value in (("heads", self.model.heads), ("hidden", self.model.hidden)):
