@@ -65,9 +65,10 @@ def memory_note(req: PlanRequest) -> str:
     """What the memory was modelled for, where it is not this engine as `--verify trace` runs it."""
     if req.implementation == DEFAULT_IMPLEMENTATION and req.attention == ENGINE_ATTENTION:
         return ""
-    return (f"memory: modelled for {req.implementation} with {req.attention} attention (its kept s² "
-            f"tensors priced, perfmodel/attention_memory.py); `--verify trace` checks this engine "
-            f"({DEFAULT_IMPLEMENTATION}, {ENGINE_ATTENTION} attention), not that code")  # fmt: skip
+    return (f"memory: modelled for {req.implementation} with {req.attention} attention: this engine's tensors, "
+            "the attention kernel's kept s² tensors (perfmodel/attention_memory.py) and the code's own terms where "
+            f"its implementation profile has them; `--verify trace` checks this engine ({DEFAULT_IMPLEMENTATION}, "
+            f"{ENGINE_ATTENTION} attention), not that code")  # fmt: skip
 
 
 def heading(req: PlanRequest, rows: list[dict]) -> str:
