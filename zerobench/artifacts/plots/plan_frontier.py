@@ -66,7 +66,7 @@ def plot_plan(rows: list[dict] | pd.DataFrame, out, title: str = "") -> None:
     ax.set_xlim(left=min(0.0, gb.min()))
     ax.set_xlabel("memory per GPU (GB; training or construction peak, the higher)")
     ax.set_ylabel("tokens / s (modelled unless ringed)")
-    ax.set_title("\n".join(textwrap.wrap(title, 150)), fontsize=8)
+    ax.set_title("\n".join(textwrap.wrap(title, 125)), fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
