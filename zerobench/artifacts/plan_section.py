@@ -93,8 +93,8 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
         if len(paper_code) and len(mine):
             q = paper_code.iloc[0]
             verdict = ("**the published layout itself**" if q.layout == p.layout else
-                       f"{q.layout} (rank {q['rank']:g}), {100 * (q.tokens_per_s / p.tokens_per_s - 1):.1f}% faster "
-                       "than the published layout")  # fmt: skip
+                       f"{q.layout} (rank {q['rank']:g}), {100 * (q.tokens_per_s / p.tokens_per_s - 1):+.1f}% "
+                       "against the published layout")  # fmt: skip
             text.append(f"Among stages 0-2 alone (the paper's code had no P_os+g+p) the top pick is {verdict} "
                         "(C_B's size and M_D move memory, not the model's speed: variants alike).")  # fmt: skip
     return "\n\n".join(text)

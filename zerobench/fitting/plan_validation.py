@@ -120,7 +120,7 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
                 top_tokens_per_s=top["tokens_per_s"],
                 top_gain_pct=100 * (top["tokens_per_s"] / mine["tokens_per_s"] - 1) if mine else None,
                 top_band_pct=top["band_pct"], top_headroom_pct=top["headroom_pct"],
-                differs_in=", ".join(differs) + (", P_a" if top["partition_activations"] else ""),
+                differs_in=", ".join(differs + ["P_a"] * top["partition_activations"]),
                 top_modelled_gb=top["memory_bytes"] / 1e9, usable_gb=top["usable_bytes"] / 1e9,
                 top_traced_gb=traced["traced_peak_bytes"] / 1e9 if "traced_peak_bytes" in traced else None,
                 top_traced_fits=traced.get("traced_fits"),
