@@ -13,7 +13,7 @@ from zerobench.cli_args import field_args, trial_args
 from zerobench.engine.config import NOMINAL_BILLIONS, PRESETS, preset
 from zerobench.perfmodel import estimate_text
 from zerobench.perfmodel.implementation import DEFAULT_IMPLEMENTATION
-from zerobench.plan.answer import heading, shown, table, write_csv
+from zerobench.plan.answer import heading, picks, table, write_csv
 from zerobench.plan.rank import rank
 from zerobench.plan.request import PlanRequest
 from zerobench.record_files import write_record
@@ -123,9 +123,10 @@ def cmd_plan(args) -> int:
         args.implementation or DEFAULT_IMPLEMENTATION,
         args.gpus_per_node,
         args.mp,
+        args.headroom,
     )
     rows = rank(req)
-    top = shown(rows, req.top)
+    top = picks(rows, req.top)
     if args.verify:
         from zerobench.plan.verify import verify  # imports torch
 
@@ -223,6 +224,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--mp", type=int, help="only this MP degree (default: every one dividing the heads and a node)")
     plan.add_argument("--global-batch", type=int, help="sequences per step = micro-batch x dp x grad-accum")
     plan.add_argument("--top", type=int, default=5, help="layouts shown, and checked with --verify")
+    plan.add_argument("--headroom", type=float, default=PlanRequest.headroom,
+                      help="per cent of the usable bytes a top pick leaves free, at least")  # fmt: skip
     plan.add_argument(
         "--verify",
         choices=("trace", "emulate"),

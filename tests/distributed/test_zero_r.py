@@ -130,6 +130,26 @@ def test_parity_of_zero_configs(config, stage):
         assert rel_err(r["params"], ref["params"]) < 1e-5
 
 
+def test_offload_at_mp_1_moves_whole_checkpoints_and_trains_alike():
+    """P_a+cpu at MP 1 (DeepSpeed's CPU checkpointing without MP): P_a splits nothing, so every
+    block's whole input goes to the host and back (b·s·h fp32 elements each), none stays on the
+    device, and stage 3 on dp = 2 trains as the single-process run."""
+    spec = spec_for("tiny", dp=DP, mp=1, stage=3, micro_batch=B, steps=2, **SWITCHES["P_a+cpu"])
+    cfg = spec.model
+    whole = B * cfg.seq * cfg.hidden * 4  # one fp32 block input
+    ref = reference_run(spec)
+
+    def probe(engine):
+        store = checkpoint_store(engine.model)
+        return store.peak_device_bytes, store.peak_host_bytes
+
+    for r in threaded(DP, engine_run, spec, probe):
+        assert r["probes"] == [(0, cfg.layers * whole)] * spec.train.steps
+        for copy in ("copy_to_host/host", "copy_to_device/host"):  # fp32: 4 bytes an element
+            assert (r["calls"][copy], r["volume"][copy]) == (2 * cfg.layers, 2 * cfg.layers * whole / 4)
+        assert rel_err(r["params"], ref["params"]) < 1e-5
+
+
 def _layout(rank, spec):
     ctx = topology.build(spec.parallel.dp, spec.parallel.mp)
     engine = build_engine(spec, ctx, Comms(), torch.device("cpu"))

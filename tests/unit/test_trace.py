@@ -12,6 +12,8 @@ from zerobench.artifacts.tables.table1 import MODELS, printed, table1, traced_ce
 from zerobench.checks.table1_trace import traced_state_bytes
 from zerobench.engine.config import ParallelConfig, PrecisionConfig
 from zerobench.engine.model import GPT
+from zerobench.perfmodel.engine_memory import engine_peak, tensor_peak
+from zerobench.perfmodel.hardware import PROFILES
 from zerobench.runtime.counter import StorageCounter
 from zerobench.runtime.trace import fake_world, trace_record, trace_states, trace_step
 from zerobench.trial import TrialSpec, configs
@@ -64,6 +66,29 @@ def test_offloaded_checkpoints_leave_the_device(layers):
     chunk = 32 * 1024 * 8192 * 2 // 16
     assert traced["C4"]["host_peak_bytes"] == 0 and traced["C5"]["host_peak_bytes"] == layers * chunk
     assert traced["C4"]["peak_bytes"] - traced["C5"]["peak_bytes"] == (layers - 1) * chunk
+
+
+def test_offloaded_checkpoints_leave_the_device_at_mp_1():
+    """P_a+cpu at MP 1 (DeepSpeed's CPU checkpointing without MP), stage 3 on a GPU's semantics:
+    every block's whole input on the host (b·s·h·2 bytes), and the device's peak below the same
+    layout's without offload by the checkpoints it moved, one more with each layer, as the
+    model (engine_memory.py) has it."""
+    shape = dict(model="gpt-100b", hidden=1024, heads=16, seq=512, vocab=512, dp=64, mp=1, stage=3, micro_batch=8)
+    chunk = 8 * 512 * 1024 * 2
+    below, modelled = {}, {}
+    for layers in (2, 4):
+        peaks = {}
+        for offload in (False, True):
+            values = {**shape, "layers": layers, "device": "cuda", "command": "trace", "checkpoint_activations": True,
+                      "partition_activations": offload, "offload_activations": offload}  # fmt: skip
+            spec = TrialSpec(*configs(values))
+            traced = trace_step(spec)
+            assert traced["host_peak_bytes"] == (layers * chunk if offload else 0)
+            model = engine_peak(spec.model, spec.parallel, spec.precision, 8, PROFILES["v100-32gb-dgx2"])
+            peaks[offload] = (traced["peak_bytes"], tensor_peak(model))
+        below[layers], modelled[layers] = (peaks[False][k] - peaks[True][k] for k in (0, 1))
+    assert below[2] > 0 and below[4] - below[2] == 2 * chunk
+    assert modelled == below
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

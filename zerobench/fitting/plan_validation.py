@@ -4,8 +4,11 @@ batch = micro-batch × DP × accumulation) are planned once, under their source'
 implementation profile (fitting/external.py CODE, IMPLEMENTATION), and for each published run:
 - its layout's rank in the plan (modelled; the best of its C_B and M_D variants), or why it is not
   there: an MP group across nodes (the plan keeps MP inside a node), or the memory model's out of memory;
-- the plan's top pick against it: its layout, its modelled tokens/s over the published layout's
-  (`top_gain_pct`), and what differs (`differs_in`);
+  whether it is in the plan's top tied group (`published_tied`: one of its variants offered and
+  inside the band of the fastest offered layout, rank.ranked);
+- the plan's top pick (the tied group's most headroom) against it: its layout, its modelled tokens/s
+  over the published layout's (`top_gain_pct`) with the band it carries (`top_band_pct`), the
+  distinct speeds in its tied group (`tied_speeds`), and what differs (`differs_in`);
 - the top pick traced for memory (the published layout trained, so it fitted; the pick's peak is the
   question): `top_traced_gb`, `top_traced_fits` against the card's usable bytes;
 - where a request has several published runs, the share of their pairs the plan orders as the
@@ -85,9 +88,9 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
     out = []
     for key, group in runs.groupby(KEY, sort=False):
         first = next(group.itertuples())
-        req = _request(first)
         cal = DEFAULT.replace(**CODE.get(first.source, {}))
         try:
+            req = _request(first)
             rows = rank(req, cal, progress=None)
         except REFUSED as exc:
             out += [
@@ -102,6 +105,7 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
 
             traced = trace_row(req, top)
         ranks = {}
+        tied_speeds = len({r["rank"] for r in rows if r["tied"]})
         for run in group.itertuples():
             mine = find(rows, _matches(run))
             ranks[run.Index] = mine
@@ -110,12 +114,14 @@ def validate_plans(df: pd.DataFrame, trace: bool = True, progress=sys.stderr) ->
                 zip(KEY, key, strict=True), split=run.split, metric=run.metric, value=run.value,
                 published_layout=f"z{run.stage} mp{run.mp} b{run.micro_batch}x{run.grad_accum}"
                                  f"{' ckpt' if run.checkpoint_activations else ''}",
-                published_rank=mine["rank"] if mine else None, distinct_ranks=rows[-1]["rank"],
+                published_rank=mine["rank"] if mine else None, distinct_ranks=max(r["rank"] for r in rows),
+                published_tied=any(r["tied"] for r in rows if _matches(run)(r)), tied_speeds=tied_speeds,
                 published_modelled_tokens_per_s=mine["tokens_per_s"] if mine else None,
                 note="" if mine else _not_there(req, run), top_layout=top["layout"],
                 top_tokens_per_s=top["tokens_per_s"],
                 top_gain_pct=100 * (top["tokens_per_s"] / mine["tokens_per_s"] - 1) if mine else None,
-                differs_in=", ".join(differs) + (", P_a" if top["partition_activations"] else ""),
+                top_band_pct=top["band_pct"], top_headroom_pct=top["headroom_pct"],
+                differs_in=", ".join(differs + ["P_a"] * top["partition_activations"]),
                 top_modelled_gb=top["memory_bytes"] / 1e9, usable_gb=top["usable_bytes"] / 1e9,
                 top_traced_gb=traced["traced_peak_bytes"] / 1e9 if "traced_peak_bytes" in traced else None,
                 top_traced_fits=traced.get("traced_fits"),
@@ -153,7 +159,7 @@ if __name__ == "__main__":
     args = ap.parse_args()
     table = validate_plans(load(SPLITS), trace=not args.no_trace)
     table.to_csv(args.out, index=False)
-    cols = ["source", "model", "gpus", "published_layout", "published_rank", "distinct_ranks", "top_layout",
-            "top_gain_pct", "top_traced_fits", "pairs_ordered_pct", "note"]  # fmt: skip
+    cols = ["source", "model", "gpus", "published_layout", "published_rank", "distinct_ranks", "published_tied",
+            "top_layout", "top_gain_pct", "top_band_pct", "top_traced_fits", "pairs_ordered_pct", "note"]  # fmt: skip
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 50):
         print(table[cols].round(1).to_string(index=False))

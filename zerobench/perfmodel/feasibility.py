@@ -44,12 +44,12 @@ from dataclasses import dataclass
 
 from zerobench.engine.config import ModelConfig, ParallelConfig, PrecisionConfig
 from zerobench.memory import build_peak_bytes, checkpoint_bytes, model_state_bytes
+from zerobench.perfmodel.attention_memory import kept_bytes
 from zerobench.perfmodel.constants import Calibration
 from zerobench.perfmodel.engine_memory import compute_bytes as activation_dtype_bytes
 from zerobench.perfmodel.engine_memory import engine_peak, initial_draw_bytes
 from zerobench.perfmodel.hardware import HardwareProfile
 from zerobench.perfmodel.implementation import Implementation
-from zerobench.perfmodel.kernels import check_attention
 from zerobench.stages import rule
 
 # Megatron's vocab-parallel cross-entropy casts the fp16 logits to fp32 (4 B), exponentiates and
@@ -118,12 +118,10 @@ class MemoryBreakdown:
 def layer_activation_bytes(
     model: ModelConfig, micro_batch: int, mp: int, act_bytes: int, attention: str = "materialized"
 ) -> float:
-    """Stored activations of one transformer layer on one GPU (Korthikanti et al. 2022, fp16).
-    `fused` attention (flash-style) stores no s² scores, softmax output nor dropout mask (the
-    5·a·s²·b term), only the output and the fp32 log-sum-exp per row (a·s·b·4 bytes)."""
-    s, h, a, b = model.seq, model.hidden, model.heads, micro_batch
-    scores = 5 * a * s * s * b / mp if check_attention(attention) == "materialized" else 2 * a * s * b / mp
-    return (s * b * h * (10 + 24 / mp) + scores) * act_bytes / 2
+    """Stored activations of one transformer layer on one GPU (Korthikanti et al. 2022, fp16), its
+    attention's s² terms (`materialized`) or log-sum-exp (`fused`) as attention_memory.kept_bytes."""
+    s, h, b = model.seq, model.hidden, micro_batch
+    return s * b * h * (10 + 24 / mp) * act_bytes / 2 + kept_bytes(model, b, mp, act_bytes, attention)
 
 
 def logits_bytes(model: ModelConfig, micro_batch: int, mp: int, act_bytes: int, fused: bool) -> float:
@@ -161,10 +159,16 @@ def breakdown(
     calibration says another code ran (its code switches: fitting/external.py CODE) or the
     implementation profile is another code's (`memory="code"`: implementation.py), that code's
     (`code_breakdown`)."""
-    code = implementation is not None and implementation.memory == "code"
-    if code or cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads:
+    if prices_code(cal, implementation):
         return code_breakdown(model, parallel, precision, micro_batch, hw, cal, attention, implementation)
     return engine_breakdown(model, parallel, precision, micro_batch, hw, cal)
+
+
+def prices_code(cal: Calibration, implementation: Implementation | None = None) -> bool:
+    """Whether `breakdown` prices another code's memory (its code switches are set, or the
+    implementation profile is another code's) rather than this engine's."""
+    code = implementation is not None and implementation.memory == "code"
+    return code or cal.fsdp or cal.fused_cross_entropy or cal.fp32_main_grads
 
 
 def code_breakdown(
@@ -276,7 +280,7 @@ def usable_bytes(hw: HardwareProfile, cal: Calibration, contiguous_buffers: bool
     return hw.memory_bytes - reserve - allocator_bytes(hw, cal, contiguous_buffers)
 
 
-def _largest(fits, limit: int) -> int:
+def largest_fitting(fits, limit: int) -> int:
     """Largest n in [1, limit] with fits(n), for a `fits` that holds up to some n and never above
     it (memory grows with the batch and the depth); 0 when not even 1 fits. Doubling from 1, then a
     bisection: a depth is priced in time linear in it, so the probes stay near the answer rather
@@ -297,7 +301,9 @@ def max_micro_batch(
     model, parallel, precision, hw, cal, limit: int = 1 << 16, attention: str = "materialized", implementation=None
 ) -> int:
     """Largest micro-batch that fits (0 when not even one sequence does), under `implementation`'s memory."""
-    return _largest(lambda b: breakdown(model, parallel, precision, b, hw, cal, attention, implementation).fits, limit)
+    return largest_fitting(
+        lambda b: breakdown(model, parallel, precision, b, hw, cal, attention, implementation).fits, limit
+    )
 
 
 def max_layers(
@@ -311,7 +317,7 @@ def max_layers(
     attention: str = "materialized",
 ) -> int:
     """Most layers of `model`'s width that fit at `micro_batch` (0 if none)."""
-    return _largest(
+    return largest_fitting(
         lambda n: breakdown(dataclasses.replace(model, layers=n), parallel, precision, micro_batch, hw, cal,
                             attention).fits, limit,
     )  # fmt: skip

@@ -24,7 +24,8 @@ def _positive(name: str, value, optional: bool = False) -> None:
 class PlanRequest:
     """What to plan. `mp`: pin the MP degree (None: every degree that divides the heads and a node);
     `global_batch`: sequences per step, micro_batch × dp × grad_accum (None: one micro-batch per
-    step, as large as fits); `top`: the layouts shown and, with a verify, checked."""
+    step, as large as fits); `top`: the layouts shown and, with a verify, checked; `headroom`: the
+    per cent of the card's usable bytes a layout leaves free, at least, to be offered as a top pick."""
 
     model: ModelConfig
     gpus: int
@@ -36,6 +37,7 @@ class PlanRequest:
     implementation: str = DEFAULT_IMPLEMENTATION
     gpus_per_node: int | None = None
     mp: int | None = None
+    headroom: float = 5.0
     profile: HardwareProfile = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -48,8 +50,15 @@ class PlanRequest:
         if self.implementation not in PROFILES:
             raise InputError(f"implementation={self.implementation!r}: must be one of {sorted(PROFILES)}")
         check_attention(self.attention)
+        if type(self.headroom) not in (int, float) or not 0 <= self.headroom < 100:
+            raise InputError(f"headroom={self.headroom!r}: must be a per cent of the usable bytes in [0, 100)")
         hw = get_profile(self.hardware, self.gpus_per_node)  # an unknown profile: InputError naming `hardware`
         object.__setattr__(self, "profile", hw)
+        gpn = hw.gpus_per_node
+        if self.gpus > gpn and self.gpus % gpn:
+            raise InputError(f"gpus={self.gpus}: not whole nodes of {gpn} GPUs ({hw.name}): {self.gpus // gpn} "
+                              f"nodes and {self.gpus % gpn} left over; plan {self.gpus // gpn * gpn} or "
+                              f"{-(-self.gpus // gpn) * gpn}, or give --gpus-per-node")  # fmt: skip
         if self.mp is not None:
             for name, value in (("heads", self.model.heads), ("hidden", self.model.hidden)):
                 if value % self.mp:
@@ -60,6 +69,11 @@ class PlanRequest:
                 raise InputError(f"mp={self.mp}: must divide a node ({hw.gpus_per_node} GPUs of {hw.name})")
         if not self.mp_degrees():
             raise InputError(f"gpus={self.gpus}: no MP degree divides both it and a node of {hw.gpus_per_node}")
+        if self.global_batch is not None and self.global_batch < self.gpus // max(self.mp_degrees()):
+            mp = max(self.mp_degrees())
+            raise InputError(f"gpus={self.gpus}: too many for global_batch={self.global_batch}: even at MP {mp} "
+                              f"the DP degree ({self.gpus // mp}) exceeds it (a DP rank takes one sequence a step "
+                              f"at least): at most {self.global_batch * mp} GPUs")  # fmt: skip
         if self.global_batch is not None and not any(
             self.global_batch % (self.gpus // m) == 0 for m in self.mp_degrees()
         ):

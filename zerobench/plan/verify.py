@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 
 from zerobench.perfmodel.replay import complete
-from zerobench.plan.answer import shown
-from zerobench.plan.rank import Layout, ranked
+from zerobench.plan.answer import picks
+from zerobench.plan.rank import Layout, headroom_pct, ranked
 from zerobench.plan.request import PlanRequest
 from zerobench.runtime.emulate import emulate
 from zerobench.runtime.trace import trace_record
@@ -80,8 +80,9 @@ def emulated(req: PlanRequest, row: dict) -> dict:
 
 
 def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trace_record, progress=sys.stderr):
-    """(every row, the top checked): the distinct layouts best first, each checked `how` (`trace` or
-    `emulate`) until `req.top` pass or TRIES × top were tried. A layout that fails is dropped from
+    """(every row, the top checked): the distinct layouts offered as picks, in the plan's order (the
+    tied group first), each checked `how` (`trace` or `emulate`) until `req.top` pass (fit, and
+    leave `req.headroom` free) or TRIES × top were tried. A layout that fails is dropped from
     the ranking with those alike to it (its rank) that need no less memory and have no more usable
     (its C_B and M_D variants: if it does not fit, neither do they); the others are ranked again, an
     emulated row by its emulated speed."""
@@ -98,11 +99,13 @@ def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trac
         left = [r for r in rows if r["layout"] not in dropped and r["layout"] not in done and r["rank"] not in passed]
         if len(passed) == req.top or not left:
             break
-        candidate = shown(left, 1)[0]
+        candidate = picks(left, 1)[0]
+        if not candidate["offered"]:
+            break
         row = check({k: v for k, v in candidate.items() if k != "alike"})
         done[row["layout"]] = row
         fits = row.get("traced_fits", row.get("emulated_fits"))
-        if fits:
+        if fits and headroom_pct(row) >= req.headroom:
             passed.add(candidate["rank"])
         if not fits:
             dropped[row["layout"]] = row
@@ -115,7 +118,8 @@ def verify(req: PlanRequest, rows: list[dict], how: str, tracer: Callable = trac
                 ):
                     dropped[alike["layout"]] = {**alike, "dropped_as_alike_to": row["layout"]}
         if progress is not None:
-            print(f"plan: {how}d {row['layout']}: {'fits' if fits else 'does not fit: dropped'}", file=progress)
-    kept = ranked([done.get(r["layout"], r) for r in rows if r["layout"] not in dropped])
-    top = [r for r in kept if r["layout"] in done][: req.top]
+            said = "does not fit: dropped" if not fits else "fits" if candidate["rank"] in passed else "fits, tight"
+            print(f"plan: {how}d {row['layout']}: {said}", file=progress)
+    kept = ranked([done.get(r["layout"], r) for r in rows if r["layout"] not in dropped], req.headroom)
+    top = [r for r in kept if r["layout"] in done and r["offered"]][: req.top]
     return kept + [{**d, "rank": None} for d in dropped.values()], top

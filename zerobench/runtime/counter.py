@@ -52,9 +52,13 @@ class _Counting:
 
     def reset_peak(self) -> None:
         """The device's peak and breakdown restart from now, and the host's peak too."""
+        self._device_peak()
+        self.host_peak = self.bytes[HOST]
+
+    def _device_peak(self) -> None:
+        """The device's peak is now: its bytes and breakdown (the host's peak keeps its own high)."""
         self.peak = self.total
         self.peak_bytes = {k: v for k, v in self.bytes.items() if k != HOST}
-        self.host_peak = self.bytes[HOST]
 
     @contextmanager
     def booking(self, category: str):
@@ -83,7 +87,7 @@ class _Counting:
             if isinstance(t, torch.Tensor) and t.layout == torch.strided and (kind := self._device_type(t)) != "meta":
                 self._see(t, self.phase if kind == self.device_type else HOST)
         if self.total >= self.peak:  # >=: what the last op allocated was retagged by this one
-            self.reset_peak()
+            self._device_peak()
 
     def _see(self, t: torch.Tensor, category: str, force: bool = False) -> None:
         st = t.untyped_storage()

@@ -1,10 +1,13 @@
 """A plan's figure (`zerobench plan --figure`): every layout that fits, tokens per second against its
 memory per GPU, coloured by ZeRO-DP stage; the frontier (no layout faster with no more memory) as a
-line, the usable bytes of the card as a vertical line, the checked top layouts ringed and the best
-one's band as an error bar. Reads the plan's rows (zerobench/plan/answer.py COLUMNS); matplotlib's
-Agg backend; no torch import."""
+line, the usable bytes of the card as a vertical line, the checked top layouts ringed, the tied
+group (the offered layouts inside the fastest offered one's band) crossed with that band shaded,
+and the top pick (the tied group's most headroom) named. Reads the plan's rows
+(zerobench/plan/answer.py COLUMNS); matplotlib's Agg backend; no torch import."""
 
 from __future__ import annotations
+
+import textwrap
 
 import matplotlib
 
@@ -43,10 +46,17 @@ def plot_plan(rows: list[dict] | pd.DataFrame, out, title: str = "") -> None:
             edgecolors="red",
             label=f"top, {checked.checked.iloc[0]}",
         )
+    tied = df[df.tied.astype(str).str.lower() == "true"]
+    if len(tied):
+        fastest = tied.loc[tied.tokens_per_s.idxmax()]
+        low = fastest.tokens_per_s * (1 - fastest.band_pct / 100)
+        ax.axhspan(low, fastest.tokens_per_s, color="gold", alpha=0.15, lw=0)
+        label = f"tied with the top: {len(tied)} inside ±{fastest.band_pct:g}% (the model's band)"
+        ax.scatter(tied.memory_bytes / 1e9, tied.tokens_per_s, s=22, marker="x", color="black", lw=0.8, label=label)
+        errorbar(ax, fastest.memory_bytes / 1e9, fastest.tokens_per_s, fastest.band_pct)
     best = df.iloc[0]
-    errorbar(ax, best.memory_bytes / 1e9, best.tokens_per_s, best.band_pct)
     ax.annotate(
-        f"1: {best.layout}",
+        f"pick: {best.layout}",
         (best.memory_bytes / 1e9, best.tokens_per_s),
         fontsize=7,
         xytext=(4, 6),
@@ -56,7 +66,7 @@ def plot_plan(rows: list[dict] | pd.DataFrame, out, title: str = "") -> None:
     ax.set_xlim(left=min(0.0, gb.min()))
     ax.set_xlabel("memory per GPU (GB; training or construction peak, the higher)")
     ax.set_ylabel("tokens / s (modelled unless ringed)")
-    ax.set_title(title, fontsize=8)
+    ax.set_title("\n".join(textwrap.wrap(title, 125)), fontsize=8)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)

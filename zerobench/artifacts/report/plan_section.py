@@ -23,16 +23,20 @@ def _basis(text: str) -> str:
     return text.split(" ")[0]
 
 
+def _tied(df: pd.DataFrame) -> pd.Series:
+    return df["tied"].astype(str).str.lower() == "true"
+
+
 def _rows(df: pd.DataFrame) -> list[str]:
     lines = [
-        "| rank | layout | tokens/s | TFLOPS/GPU | memory / usable GB | band ±% | checked |",
-        "|---|---|---|---|---|---|---|",
+        "| rank | group | layout | tokens/s | TFLOPS/GPU | memory / usable GB | headroom % | band ±% | checked |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in df.itertuples():
+    for r, tied in zip(df.itertuples(), _tied(df)):
         lines.append(
-            f"| {r.rank:g} | {r.layout} | {r.tokens_per_s:.4g} | {r.tflops_per_gpu:.1f} | "
-            f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.band_pct:g} ({_basis(r.band_basis)}) | "
-            f"{r.checked} |"
+            f"| {r.rank:g} | {'tied' if tied else ''} | {r.layout} | {r.tokens_per_s:.4g} | {r.tflops_per_gpu:.1f} | "
+            f"{_gb(r.memory_bytes)} / {_gb(r.usable_bytes)} | {r.headroom_pct:.1f} | {r.band_pct:g} "
+            f"({_basis(r.band_basis)}) | {r.checked} |"
         )
     return lines
 
@@ -60,13 +64,13 @@ def _bands(ranked: pd.DataFrame) -> str:
 
 
 def _gap(q, p) -> str:
-    """The top pick's modelled gain over the published layout, against the band both carry: a gain
+    """A pick's modelled speed against the published layout, beside the band both carry: a difference
     inside the band is one the model cannot tell from its own error."""
     gain = 100 * (q.tokens_per_s / p.tokens_per_s - 1)
     band = max(float(q.band_pct), float(p.band_pct))
-    inside = gain <= band
+    inside = abs(gain) <= band
     return (
-        f"{gain:.1f}% faster than the published layout, modelled: {'inside' if inside else 'outside'} the "
+        f"{gain:+.1f}% against the published layout, modelled: {'inside' if inside else 'outside'} the "
         f"±{band:g}% band both carry ({_basis(p.band_basis)}), so "
         + ("the model cannot tell the two apart" if inside else "past the model's error")
     )
@@ -77,12 +81,18 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
     checked = ranked[ranked.checked != "modelled"]
     top = (checked if len(checked) else ranked).head(TOP)
     gone = df[df["rank"].isna()]
+    group = ranked[_tied(ranked)]
+    fastest = group.loc[group.tokens_per_s.idxmax()] if len(group) else None
+    tie = (f"{len(group)} layouts ({group['rank'].nunique()} distinct speeds) are **tied** with the top: inside "
+           f"±{fastest.band_pct:g}% of the fastest offered ({fastest.layout}), the model's band, so they are ordered "
+           "by headroom, most first; a measurement (`--verify emulate`, a run) would break the tie."
+           if fastest is not None else "No layout leaves the headroom asked.")  # fmt: skip
     text = [
         f"### {request['title']} (`{name}`: {request['hardware']})",
         f"{len(ranked)} layouts fit ({ranked['rank'].max():g} distinct speeds; bands: {_bands(ranked)}); the top "
         f"{len(top)} {'traced' if len(checked) else 'modelled'}"
         + (f", {len(gone)} dropped by the trace" if len(gone) else "")
-        + f". Figure `figures/plan_{name}.png`.",
+        + f". Figure `figures/plan_{name}.png`. {tie}",
         "\n".join(_rows(top)),
     ]
     layout = request.get("paper_layout")
@@ -91,14 +101,12 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
         best = ranked.iloc[0]
         if len(mine):
             p = mine.iloc[0]
-            gain = 100 * (best.tokens_per_s / p.tokens_per_s - 1)
             text.append(
                 f"**The published layout** ({p.layout}) ranks **{p['rank']:g}** of {ranked['rank'].max():g} "
-                f"distinct speeds: {p.tokens_per_s:.4g} tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU; the plan's top "
-                f"pick ({best.layout}) is {_gap(best, p)}." if gain > 0 else
-                f"**The published layout** ({p.layout}) is the plan's top pick: {p.tokens_per_s:.4g} tokens/s, "
-                f"{p.tflops_per_gpu:.1f} TFLOPS/GPU, modelled."
-            )  # fmt: skip
+                f"distinct speeds{' and is in the tied group' if _tied(mine).any() else ''}: {p.tokens_per_s:.4g} "
+                f"tokens/s, {p.tflops_per_gpu:.1f} TFLOPS/GPU; the plan's top pick ({best.layout}) is "
+                f"{_gap(best, p)}."
+            )
         else:
             text.append(f"**The published layout** {layout} is not among the layouts that fit in the model.")
         paper_code = ranked[ranked.stage <= 2]  # the paper's code had no stage 3 (P_os+g+p)
@@ -112,9 +120,10 @@ def _request(name: str, request: dict, df: pd.DataFrame) -> str:
 
 
 def _validation(df: pd.DataFrame) -> str:
-    lines = ["| source | runs | in the plan | published rank (median) | top pick faster by (median %, modelled) | "
-             "top pick = published | top picks traced, fit | pairs ordered as measured % |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| source | runs | in the plan | published rank (median) | published in the top tied group | "
+             "top pick faster by (median %, modelled) | its band ±% (median) | top pick = published | "
+             "top picks traced, fit | pairs ordered as measured % |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for source, sub in [*df.groupby("source", sort=False), ("all", df)]:
         inside = sub[sub.published_rank.notna()]
         same = (inside.top_gain_pct.abs() < 1e-9).sum()
@@ -123,9 +132,11 @@ def _validation(df: pd.DataFrame) -> str:
         fits = traced.top_traced_fits.astype(str).str.lower().eq("true").sum()
         pairs = sub.drop_duplicates(["model", "gpus", "global_batch"]).pairs_ordered_pct.dropna()
         ordered = f"{pairs.mean():.0f}" if len(pairs) else "-"
+        tied = sub.published_tied.astype(str).str.lower().eq("true").sum()
         lines.append(
-            f"| {source} | {len(sub)} | {len(inside)} | {inside.published_rank.median():.0f} | "
-            f"{inside.top_gain_pct.median():.1f} | {same} | {len(traced)}, {fits} | {ordered} |"
+            f"| {source} | {len(sub)} | {len(inside)} | {inside.published_rank.median():.0f} | {tied} | "
+            f"{inside.top_gain_pct.median():.1f} | {inside.top_band_pct.median():g} | {same} | {len(traced)}, "
+            f"{fits} | {ordered} |"
         )
     differs = df[df.top_gain_pct.fillna(0).abs() > 1e-9].differs_in.str.split(", ").explode().value_counts()
     splits = df.split.value_counts()
@@ -138,8 +149,9 @@ def _validation(df: pd.DataFrame) -> str:
         f"validation and {splits.get('holdout', 0)} holdout rows; the plan fits nothing itself) planned on its "
         "own request (its GPUs, hardware, precision, attention and global batch, its code's memory switches and "
         "collective profile), `results/plan_validation.csv`. Its layout's rank among the plan's distinct speeds, "
-        "and the plan's top pick against it (modelled tokens/s; the pick traced for memory, the published layout "
-        "having trained).",
+        "whether it is in the plan's top tied group (inside the band of the fastest layout that leaves the "
+        "headroom), and the plan's top pick (that group's most headroom) against it (modelled tokens/s; the pick "
+        "traced for memory, the published layout having trained).",
         "\n".join(lines),
         "Where the top pick differs, what differs (count of runs): "
         + ", ".join(f"{k} {v}" for k, v in differs.items()) + ". Runs not in the plan: "

@@ -5,7 +5,8 @@ the whole input (Megatron replicates it). With P_a rank r of the N_m MP ranks ke
 of it, 1/N_m of the bytes, and the chunks are all-gathered (b·s·h elements out) just before the
 block is recomputed in backward. P_a+cpu also moves each kept chunk to host memory after the
 block's forward and back before its recomputation, so the device holds no checkpoints between
-forward and backward. M_D writes the checkpoints into one buffer preallocated for all layers (and
+forward and backward; at N_m = 1 P_a splits nothing and P_a+cpu moves the whole input (DeepSpeed's
+CPU checkpointing without MP, paper §6.1). M_D writes the checkpoints into one buffer preallocated for all layers (and
 reuses one gather and one reload buffer) instead of allocating a tensor per layer per step.
 
 `apply_activation_checkpointing` applies it to a plain model (zerobench/engine/model.py). The
