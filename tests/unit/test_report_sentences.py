@@ -27,11 +27,13 @@ def test_the_h200_memory_sentence_reads_the_two_profiles_columns():
 def test_a_plan_gain_inside_the_band_is_not_a_finding():
     row = pd.Series(dict(tokens_per_s=100.0, band_pct=22.29, band_basis="pooled (46 validation runs, 90%)"))
     inside = plan_section._gap(row.copy().where(row.index != "tokens_per_s", 115.0), row)
-    assert "15.0% faster" in inside and "inside the ±22.29% band" in inside and "cannot tell" in inside
+    assert "+15.0% against the published layout" in inside and "inside the ±22.29% band" in inside
+    assert "cannot tell" in inside
     outside = plan_section._gap(row.copy().where(row.index != "tokens_per_s", 130.0), row)
     assert "outside" in outside and "past the model's error" in outside
     plan = pd.read_csv(RESULTS / "plan/paper_100b.csv")
-    assert plan_section._bands(plan[plan["rank"].notna()]) == "334 on the pooled band"
+    ranked = plan[plan["rank"].notna()]  # V100 has no regime band of its own: every layout the pooled one
+    assert plan_section._bands(ranked) == f"{len(ranked)} on the pooled band"
 
 
 def test_the_plan_validation_says_what_was_fitted_on_its_runs():
