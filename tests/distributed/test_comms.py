@@ -48,7 +48,10 @@ def _compare(rank: int) -> dict:
     return out
 
 
+@pytest.mark.ci
 def test_pairwise_exchange_equals_gloo_collectives():
+    """Four spawned gloo ranks (about 13 s): the engine's parity tests run the same collectives on the
+    threaded process group, so this runs in CI only."""
     for rank, checks in enumerate(spawned(4, _compare)):
         assert all(checks.values()), (rank, checks)
 
@@ -61,9 +64,12 @@ def _abort_at_exit(rank: int, when: str) -> int:
     return rank * 10
 
 
+@pytest.mark.ci
 def test_spawned_keeps_results_written_before_a_rank_died_at_exit(capfd):
     """gloo's teardown can abort a rank after its result is on disk: the run counts, the exit is
-    reported. A rank that dies before returning fails the run."""
+    reported. A rank that dies before returning fails the run.
+
+    Spawns and kills ranks (about 11 s), so it runs in CI only."""
     assert spawned(2, _abort_at_exit, "at exit") == [0, 10]
     assert "every rank returned its result" in capfd.readouterr().err
     with pytest.raises(mp.ProcessExitedException, match="SIGABRT"):

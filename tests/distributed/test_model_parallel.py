@@ -188,8 +188,11 @@ def _on_gloo(rank):
     return [engine_run(rank, spec) for spec in _gloo_specs()]
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_parity_on_real_gloo():
+    """Four spawned gloo ranks (about 17 s); MP's parity is tested on the threaded process group
+    above, so it runs in CI only."""
     out = spawned(4, _on_gloo)
     for i, spec in enumerate(_gloo_specs()):
         ref = reference_run(spec)

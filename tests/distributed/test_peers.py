@@ -96,10 +96,13 @@ def test_observer_agrees_with_our_ledger(tiny_world):
         assert {op: v["bytes"] for op, v in seen.items()} == expected, impl
 
 
+@pytest.mark.ci
 def test_the_bound_replays_our_collectives_without_compute(tiny_world):
     """Each of our stages issues its timed steps' collectives again after them — the same ops,
     groups, calls and bytes, one step's worth as a warm-up and then every timed step's — and
-    times each step: nothing else is on that ledger, and every step took time."""
+    times each step: nothing else is on that ledger, and every step took time.
+
+    Reads the peers' spawned world (about 18 s to build), so it runs in CI only."""
     spec, out = tiny_world
     steps = spec.train.steps
     for impl in ("ours-0", "ours-1", "ours-2", "ours-3"):
@@ -111,10 +114,13 @@ def test_the_bound_replays_our_collectives_without_compute(tiny_world):
         assert len(seconds) == steps and min(seconds) > 0, impl
 
 
+@pytest.mark.ci
 def test_peer_bytes_are_exact_where_theory_is(tiny_world):
     """Per step: DDP all-reduces every gradient once (4Ψ bytes in fp32); ZeroRedundancyOptimizer
     adds one broadcast of every parameter from its owner (4Ψ); FSDP2 reduce-scatters 4Ψ (plus its
-    padding) and all-gathers it once without resharding, twice with."""
+    padding) and all-gathers it once without resharding, twice with.
+
+    Reads the peers' spawned world (about 18 s to build), so it runs in CI only."""
     spec, out = tiny_world
     psi4, steps = 4 * spec.model.num_params, spec.train.steps
     comm = {impl: {op: v["bytes"] / steps for op, v in out[0][impl]["comm"].items()} for impl in TORCH_AND_OURS}

@@ -299,9 +299,13 @@ def _rng_draw(rank, spec, load_from, save_to, steps):
     return out
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_resume_on_real_gloo_restores_rng(tmp_path):
-    """Separate gloo processes: the RNG of each rank continues where it was saved."""
+    """Separate gloo processes: the RNG of each rank continues where it was saved.
+
+    Two spawned gloo worlds in turn (about 12 s); resuming is tested in process above, so it runs in
+    CI only."""
     spec = _spec(2, 2)
     first = spawned(2, _rng_draw, spec, None, tmp_path / "ck", 2)
     second = spawned(2, _rng_draw, spec, tmp_path / "ck", None, 0)

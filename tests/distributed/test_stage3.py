@@ -415,7 +415,10 @@ def _stage3_on_gloo(rank):
     return [engine_run(rank, spec, _counters) for spec in GLOO_SPECS]
 
 
+@pytest.mark.ci
 def test_parity_on_real_gloo():
+    """Spawned gloo ranks (about 14 s); stage 3's parity is tested on the threaded process group
+    above, so it runs in CI only."""
     out = spawned(2, _stage3_on_gloo)
     for i, spec in enumerate(GLOO_SPECS):
         _check_parity([out[0][i], out[1][i]], spec)

@@ -159,10 +159,14 @@ def _real_rank(rank, specs):
     return out
 
 
+@pytest.mark.ci
 @pytest.mark.slow
 def test_tensor_bytes_equal_a_real_two_rank_run():
     """On gloo two ranks exchange pairwise into the tensors the engine allocated (comms.py), so a
-    real rank allocates what the emulated one does, and its ledger is the same, call for call."""
+    real rank allocates what the emulated one does, and its ledger is the same, call for call.
+
+    Two real gloo ranks beside the emulated one (about 15 s); the emulated rank equals the trace in
+    the fast tests above, so it runs in CI only."""
     specs = [spec_for("awkward", precision="bf16", dp=2, stage=s, micro_batch=2, steps=1) for s in (0, 1, 2, 3)]
     for spec, real in zip(specs, spawned(2, _real_rank, specs)[0], strict=True):
         r = emulate(spec, 0)
