@@ -118,19 +118,14 @@ def fig2(pairs: Pairs) -> pd.DataFrame:
         )
         speed = (z.get("tflops") or 0) / b["tflops"] if b.get("tflops") else None
         ps_ = paper("fig2", "speedup_bar", model_params_b=size)
-        rows.append(
-            row(
-                "fig2",
-                f"speed-up {size:g}B",
-                speed,
-                ps_,
-                series="speed-up",
-                size_b=size,
-                role="derived",
-                derived_from=f"ZeRO {size:g}B / baseline {size:g}B",
-            )
-        )
+        rows.append(_derived("fig2", f"speed-up {size:g}B", speed, ps_, f"ZeRO {size:g}B / baseline {size:g}B",
+                             series="speed-up", size_b=size))  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _derived(artifact: str, key: str, ours, reference, derived_from: str, **columns) -> dict:
+    """A row computed from other rows of the table (role `derived`, common.ROLES), naming them."""
+    return row(artifact, key, ours, reference, role="derived", derived_from=derived_from, **columns)
 
 
 def fig3(pairs: Pairs) -> pd.DataFrame:
@@ -149,18 +144,8 @@ def fig3(pairs: Pairs) -> pd.DataFrame:
         )
         total = z["tflops"] * gpus if z.get("tflops") else None
         pt = paper("fig3", "aggregate_throughput_observed", gpus=gpus)
-        rows.append(
-            row(
-                "fig3",
-                f"{gpus} GPUs total",
-                total,
-                pt,
-                series="total TFLOPS",
-                gpus=gpus,
-                role="derived",
-                derived_from=f"{gpus} GPUs x {gpus}",
-            )
-        )
+        rows.append(_derived("fig3", f"{gpus} GPUs total", total, pt, f"{gpus} GPUs x {gpus}",
+                             series="total TFLOPS", gpus=gpus))  # fmt: skip
     return pd.DataFrame(rows)
 
 
