@@ -28,11 +28,11 @@ The paper's own codes (design.md "Each code priced as itself"; docs/perfmodel.md
 their memory is that code's (`memory="code"`: feasibility.code_breakdown's formulas, not this
 engine's trace), their gradient copy (`grad_copy`) and their overlaps (`switches`: Calibration fields
 the code sets) read from their source, each term cited beside it in PROFILES:
-- `megatron-lm-2019`: the paper's baseline, NVIDIA/Megatron-LM at cf2f4d9 (2019-10-31);
+- `megatron-lm-2019`: the paper's baseline, NVIDIA/Megatron-LM at cf2f4d9;
 - `pytorch-ddp-2019`: the same code with `--DDP-impl torch` (Fig 8's "PyTorch DDP");
-- `deepspeed-zero-2020`: DeepSpeed 0.2 (microsoft/DeepSpeed bbd8cd7, 2020-05-29) as DeepSpeedExamples
+- `deepspeed-zero-2020`: DeepSpeed 0.2 (microsoft/DeepSpeed bbd8cd7) as DeepSpeedExamples
   5426d18 ran Megatron-LM with it (`ds_zero2_config.json`): the paper's ZeRO-100B rows;
-- `deepspeed-zero-os-2020`: DeepSpeed 0.1.0's ZeRO-OS (P_os, Feb 2020): Table 2's measured P_os.
+- `deepspeed-zero-os-2020`: DeepSpeed 0.1.0's ZeRO-OS (P_os): Table 2's measured P_os.
 
 Sensitivity (`SENSITIVITY`, `variants`): `deepspeed-0.3`'s list-form host work is most of what moves
 its six published runs, and rests on a cost per host op borrowed from another machine and on a wait
